@@ -1,0 +1,112 @@
+"""Configuration from the environment (``SWITCHBOARD_*`` and ``DATABASE_URL``)."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ConfigError(Exception):
+    """A configuration value is missing or malformed; the message is one line for the operator."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything Switchboard reads from its environment, validated once at start."""
+
+    database_url: str | None
+    data_dir: Path
+    secret_key: str
+    bind: str
+    workers: int
+    threads: int
+    default_lease_seconds: int
+    default_max_attempts: int
+    pool_min_size: int
+    pool_max_size: int
+
+    @property
+    def embedded(self) -> bool:
+        """True when Switchboard runs its own PostgreSQL (no DATABASE_URL)."""
+        return self.database_url is None
+
+    @property
+    def public_url(self) -> str:
+        """The URL printed at start and used for links."""
+        return f"http://{self.bind}"
+
+
+_BIND = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):(\d{1,5})$")
+
+
+def _int(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None
+    if not low <= value <= high:
+        raise ConfigError(f"{name} must be between {low} and {high}, got {value}")
+    return value
+
+
+def _bind(env: Mapping[str, str]) -> str:
+    bind = env.get("SWITCHBOARD_BIND") or "127.0.0.1:8080"
+    match = _BIND.match(bind)
+    if match is None or not 0 < int(match.group(2)) < 65536:
+        raise ConfigError(f"SWITCHBOARD_BIND must be HOST:PORT, got {bind!r}")
+    return bind
+
+
+def _secret_key(env: Mapping[str, str], data_dir: Path) -> str:
+    """The configured key, else one generated once and kept in the data directory."""
+    configured = env.get("SWITCHBOARD_SECRET_KEY")
+    if configured:
+        if len(configured) < 16:
+            raise ConfigError("SWITCHBOARD_SECRET_KEY must be at least 16 characters")
+        return configured
+    path = data_dir / "secret_key"
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secrets.token_urlsafe(48))
+        return path.read_text().strip()
+    except FileExistsError:  # another process created it first
+        return path.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"SWITCHBOARD_DATA_DIR {data_dir} is not writable: {exc}") from None
+
+
+def _database_url(env: Mapping[str, str]) -> str | None:
+    url = env.get("DATABASE_URL") or None
+    if url is not None and not url.startswith(("postgresql://", "postgres://", "host=", "dbname=")):
+        raise ConfigError("DATABASE_URL must be a postgresql:// URL or a libpq key=value string")
+    return url
+
+
+def load(env: Mapping[str, str] | None = None) -> Config:
+    """Read and validate the configuration; raises ConfigError with one clear line."""
+    env = os.environ if env is None else env
+    data_dir = Path(env.get("SWITCHBOARD_DATA_DIR") or "./var").expanduser().resolve()
+    workers = _int(env, "SWITCHBOARD_WORKERS", 2, 1, 64)
+    threads = _int(env, "SWITCHBOARD_THREADS", 8, 1, 256)
+    return Config(
+        database_url=_database_url(env),
+        data_dir=data_dir,
+        secret_key=_secret_key(env, data_dir),
+        bind=_bind(env),
+        workers=workers,
+        threads=threads,
+        default_lease_seconds=_int(env, "SWITCHBOARD_LEASE_SECONDS", 300, 1, 86400),
+        default_max_attempts=_int(env, "SWITCHBOARD_MAX_ATTEMPTS", 5, 1, 100),
+        pool_min_size=_int(env, "SWITCHBOARD_POOL_MIN", 1, 0, 100),
+        pool_max_size=_int(env, "SWITCHBOARD_POOL_MAX", threads + 2, 1, 500),
+    )

@@ -1,0 +1,56 @@
+"""Domain input schemas (marshmallow), shared by the service layer and every surface."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marshmallow import Schema, ValidationError, fields, validate
+
+from switchboard.errors import Invalid
+
+QUEUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+SLUG_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+TITLE_MAX = 500
+BODY_MAX = 65536
+
+
+class NewTodoSchema(Schema):
+    """What a caller may set on a new todo; defaults for attempts and lease come from config."""
+
+    queue = fields.String(
+        required=True, validate=validate.Regexp(QUEUE_PATTERN, error="must match " + QUEUE_PATTERN)
+    )
+    title = fields.String(required=True, validate=validate.Length(min=1, max=TITLE_MAX))
+    body = fields.String(load_default="", validate=validate.Length(max=BODY_MAX))
+    payload = fields.Dict(load_default=dict)
+    max_attempts = fields.Integer(load_default=None, validate=validate.Range(min=1, max=100))
+    lease_seconds = fields.Integer(load_default=None, validate=validate.Range(min=1, max=86400))
+
+
+class NewEndpointSchema(Schema):
+    slug = fields.String(
+        required=True, validate=validate.Regexp(SLUG_PATTERN, error="must match " + SLUG_PATTERN)
+    )
+    display_name = fields.String(load_default="", validate=validate.Length(max=200))
+    notify_url = fields.Url(
+        load_default=None, allow_none=True, schemes={"http", "https"}, require_tld=False
+    )
+
+
+class NewHumanSchema(Schema):
+    email = fields.Email(required=True, validate=validate.Length(max=254))
+    display_name = fields.String(load_default="", validate=validate.Length(max=200))
+    password = fields.String(load_default=None, allow_none=True, validate=validate.Length(min=8))
+    is_admin = fields.Boolean(load_default=False)
+
+
+def load(schema: Schema, data: Any) -> dict[str, Any]:
+    """Validate ``data`` with the schema; raises Invalid naming each bad field."""
+    if not isinstance(data, dict):
+        raise Invalid({"_schema": ["expected a JSON object"]})
+    try:
+        loaded: dict[str, Any] = schema.load(data)
+    except ValidationError as exc:
+        messages = exc.messages if isinstance(exc.messages, dict) else {"_schema": exc.messages}
+        raise Invalid(messages) from None
+    return loaded

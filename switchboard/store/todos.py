@@ -1,0 +1,281 @@
+"""Todo rows and their lifecycle (SPEC §3). Every function runs inside the caller's transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from psycopg import Connection
+from psycopg.rows import class_row, kwargs_row
+from psycopg.types.json import Jsonb
+
+from switchboard.errors import Conflict, NotFound
+from switchboard.models import Attempt, Claim, Event, Todo
+from switchboard.store import load_queries
+
+_Q = load_queries("todos")
+_CLAIM_NEXT = _Q["claim_next"].replace("{claim}", _Q["claim"])
+_CLAIM_TODO = _Q["claim_todo"].replace("{claim}", _Q["claim"])
+_SWEEP_BATCH = 1000
+
+
+def _claim_row(*, claim_kind: str, **columns: Any) -> Claim:
+    return Claim(todo=Todo(**columns), kind=claim_kind)
+
+
+def create(
+    conn: Connection[Any],
+    *,
+    endpoint_id: UUID,
+    queue: str,
+    title: str,
+    body: str,
+    payload: dict[str, Any],
+    max_attempts: int,
+    lease_seconds: int,
+    created_by_human_id: UUID | None,
+    created_by_endpoint_id: UUID | None,
+    actor: str,
+    now: datetime | None = None,
+) -> Todo:
+    """Insert a pending todo (registering its queue) and log ``created``."""
+    with conn.cursor(row_factory=class_row(Todo)) as cur:
+        cur.execute(
+            _Q["create"],
+            {
+                "endpoint_id": endpoint_id,
+                "queue": queue,
+                "title": title,
+                "body": body,
+                "payload": Jsonb(payload),
+                "max_attempts": max_attempts,
+                "lease_seconds": lease_seconds,
+                "created_by_human_id": created_by_human_id,
+                "created_by_endpoint_id": created_by_endpoint_id,
+                "actor": actor,
+                "now": now,
+            },
+        )
+        row = cur.fetchone()
+    assert row is not None
+    return row
+
+
+def get(conn: Connection[Any], *, id: UUID, endpoint_id: UUID | None = None) -> Todo:
+    """The todo, optionally scoped to one endpoint; raises NotFound outside the scope."""
+    with conn.cursor(row_factory=class_row(Todo)) as cur:
+        row = cur.execute(_Q["get"], {"id": id, "endpoint_id": endpoint_id}).fetchone()
+    if row is None:
+        raise NotFound(f"todo {id} not found")
+    return row
+
+
+def list_(
+    conn: Connection[Any],
+    *,
+    endpoint_ids: Sequence[UUID],
+    queue: str | None = None,
+    state: str | None = None,
+    after: tuple[datetime, UUID] | None = None,
+    limit: int = 50,
+) -> list[Todo]:
+    """Todos of the given endpoints, newest first, after the keyset ``(created_at, id)``."""
+    with conn.cursor(row_factory=class_row(Todo)) as cur:
+        cur.execute(
+            _Q["list"],
+            {
+                "endpoint_ids": list(endpoint_ids),
+                "queue": queue,
+                "state": state,
+                "after_created_at": after[0] if after else None,
+                "after_id": after[1] if after else None,
+                "limit": limit,
+            },
+        )
+        return cur.fetchall()
+
+
+def claim_next(
+    conn: Connection[Any],
+    *,
+    endpoint_id: UUID,
+    queues: Sequence[str] | None,
+    claimant_endpoint_id: UUID | None,
+    claimant_human_id: UUID | None,
+    actor: str,
+    lease_seconds: int | None = None,
+    excluded: Sequence[str] = (),
+    now: datetime | None = None,
+) -> Claim | None:
+    """Claim the oldest claimable todo across ``queues`` (None: all); None when there is none."""
+    with conn.cursor(row_factory=kwargs_row(_claim_row)) as cur:
+        cur.execute(
+            _CLAIM_NEXT,
+            {
+                "endpoint_id": endpoint_id,
+                "queues": list(queues) if queues is not None else None,
+                "excluded": list(excluded),
+                "lease_seconds": lease_seconds,
+                "claimant_endpoint_id": claimant_endpoint_id,
+                "claimant_human_id": claimant_human_id,
+                "actor": actor,
+                "now": now,
+            },
+        )
+        return cur.fetchone()
+
+
+def claim_todo(
+    conn: Connection[Any],
+    *,
+    id: UUID,
+    endpoint_id: UUID | None,
+    queues: Sequence[str] | None,
+    claimant_endpoint_id: UUID | None,
+    claimant_human_id: UUID | None,
+    actor: str,
+    lease_seconds: int | None = None,
+    now: datetime | None = None,
+) -> Claim:
+    """Claim one todo by id (waits for its row lock); raises NotFound or Conflict."""
+    with conn.cursor(row_factory=kwargs_row(_claim_row)) as cur:
+        cur.execute(
+            _CLAIM_TODO,
+            {
+                "id": id,
+                "endpoint_id": endpoint_id,
+                "queues": list(queues) if queues is not None else None,
+                "lease_seconds": lease_seconds,
+                "claimant_endpoint_id": claimant_endpoint_id,
+                "claimant_human_id": claimant_human_id,
+                "actor": actor,
+                "now": now,
+            },
+        )
+        claim = cur.fetchone()
+    if claim is None:
+        todo = get(conn, id=id, endpoint_id=endpoint_id)
+        if queues is not None and todo.queue not in queues:
+            raise NotFound(f"todo {id} not found")
+        raise Conflict(
+            f"todo {id} is not claimable (state {todo.state})",
+            details={"state": todo.state, "attempt": todo.attempt},
+        )
+    return claim
+
+
+def heartbeat(
+    conn: Connection[Any],
+    *,
+    id: UUID,
+    endpoint_id: UUID,
+    attempt: int,
+    lease_seconds: int | None = None,
+    now: datetime | None = None,
+) -> Todo:
+    """Extend the lease of the current claim; raises NotFound, or Conflict when stale."""
+    with conn.cursor(row_factory=class_row(Todo)) as cur:
+        row = cur.execute(
+            _Q["heartbeat"],
+            {
+                "id": id,
+                "endpoint_id": endpoint_id,
+                "attempt": attempt,
+                "lease_seconds": lease_seconds,
+                "now": now,
+            },
+        ).fetchone()
+    return row if row is not None else _stale(conn, id=id, endpoint_id=endpoint_id, attempt=attempt)
+
+
+def finish(
+    conn: Connection[Any],
+    *,
+    action: str,
+    id: UUID,
+    endpoint_id: UUID | None,
+    attempt: int,
+    actor: str,
+    result: Any = None,
+    error: str | None = None,
+    retry: bool = True,
+    now: datetime | None = None,
+) -> Todo:
+    """``complete``, ``fail`` or ``release`` the current claim; raises NotFound or Conflict."""
+    if action not in ("complete", "fail", "release"):
+        raise ValueError(f"unknown finish action {action!r}")
+    with conn.cursor(row_factory=class_row(Todo)) as cur:
+        row = cur.execute(
+            _Q["finish"],
+            {
+                "action": action,
+                "id": id,
+                "endpoint_id": endpoint_id,
+                "attempt": attempt,
+                "actor": actor,
+                "result": Jsonb(result) if result is not None else None,
+                "error": error,
+                "retry": retry,
+                "now": now,
+            },
+        ).fetchone()
+    return row if row is not None else _stale(conn, id=id, endpoint_id=endpoint_id, attempt=attempt)
+
+
+def cancel(
+    conn: Connection[Any],
+    *,
+    id: UUID,
+    endpoint_id: UUID | None,
+    actor: str,
+    now: datetime | None = None,
+) -> Todo:
+    """Cancel a pending, claimed or waiting todo; raises NotFound, or Conflict when finished."""
+    with conn.cursor(row_factory=class_row(Todo)) as cur:
+        row = cur.execute(
+            _Q["cancel"], {"id": id, "endpoint_id": endpoint_id, "actor": actor, "now": now}
+        ).fetchone()
+    if row is None:
+        todo = get(conn, id=id, endpoint_id=endpoint_id)
+        raise Conflict(f"todo {id} is already {todo.state}", details={"state": todo.state})
+    return row
+
+
+def _stale(conn: Connection[Any], *, id: UUID, endpoint_id: UUID | None, attempt: int) -> Todo:
+    """Explain why a fenced update matched nothing: NotFound, or Conflict for a stale attempt."""
+    todo = get(conn, id=id, endpoint_id=endpoint_id)
+    raise Conflict(
+        f"attempt {attempt} of todo {id} is not the current claim "
+        f"(state {todo.state}, attempt {todo.attempt})",
+        details={"state": todo.state, "attempt": todo.attempt},
+    )
+
+
+def reap_expired(conn: Connection[Any], *, now: datetime | None = None) -> int:
+    """Fail lapsed claims with no attempts left (one batch); returns how many."""
+    return _count(conn, _Q["reap_expired"], now)
+
+
+def requeue_due_retries(conn: Connection[Any], *, now: datetime | None = None) -> int:
+    """Move due ``retry_wait`` todos to ``pending`` (one batch); returns how many."""
+    return _count(conn, _Q["requeue_due_retries"], now)
+
+
+def _count(conn: Connection[Any], query: Any, now: datetime | None) -> int:
+    row = conn.execute(query, {"now": now, "batch": _SWEEP_BATCH}).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def attempts(conn: Connection[Any], *, todo_id: UUID) -> list[Attempt]:
+    """The attempt rows of one todo, oldest first."""
+    with conn.cursor(row_factory=class_row(Attempt)) as cur:
+        return cur.execute(_Q["attempts"], {"todo_id": todo_id}).fetchall()
+
+
+def events(conn: Connection[Any], *, todo_id: UUID) -> list[Event]:
+    """The lifecycle events of one todo, oldest first."""
+    with conn.cursor(row_factory=class_row(Event)) as cur:
+        return cur.execute(_Q["events"], {"todo_id": todo_id}).fetchall()
