@@ -9,6 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
 
 class ConfigError(Exception):
     """A configuration value is missing or malformed; the message is one line for the operator."""
@@ -87,8 +90,15 @@ def _secret_key(env: Mapping[str, str], data_dir: Path) -> str:
 
 def _database_url(env: Mapping[str, str]) -> str | None:
     url = env.get("DATABASE_URL") or None
-    if url is not None and not url.startswith(("postgresql://", "postgres://", "host=", "dbname=")):
-        raise ConfigError("DATABASE_URL must be a postgresql:// URL or a libpq key=value string")
+    if url is None:
+        return None
+    error = "DATABASE_URL must be a postgresql:// URL or a libpq key=value string"
+    if "://" in url and not url.startswith(("postgresql://", "postgres://")):
+        raise ConfigError(error)
+    try:
+        conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        raise ConfigError(error) from None
     return url
 
 

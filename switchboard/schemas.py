@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from marshmallow import Schema, ValidationError, fields, validate
@@ -14,12 +15,23 @@ TITLE_MAX = 500
 BODY_MAX = 65536
 
 
+class FullMatch(validate.Validator):
+    """The whole value matches ``pattern`` (re.match with ``$`` lets a trailing newline in)."""
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self._regex = re.compile(pattern)
+
+    def __call__(self, value: Any) -> Any:
+        if not isinstance(value, str) or self._regex.fullmatch(value) is None:
+            raise ValidationError(f"must match {self.pattern}")
+        return value
+
+
 class NewTodoSchema(Schema):
     """What a caller may set on a new todo; defaults for attempts and lease come from config."""
 
-    queue = fields.String(
-        required=True, validate=validate.Regexp(QUEUE_PATTERN, error="must match " + QUEUE_PATTERN)
-    )
+    queue = fields.String(required=True, validate=FullMatch(QUEUE_PATTERN))
     title = fields.String(required=True, validate=validate.Length(min=1, max=TITLE_MAX))
     body = fields.String(load_default="", validate=validate.Length(max=BODY_MAX))
     payload = fields.Dict(load_default=dict)
@@ -28,9 +40,7 @@ class NewTodoSchema(Schema):
 
 
 class NewEndpointSchema(Schema):
-    slug = fields.String(
-        required=True, validate=validate.Regexp(SLUG_PATTERN, error="must match " + SLUG_PATTERN)
-    )
+    slug = fields.String(required=True, validate=FullMatch(SLUG_PATTERN))
     display_name = fields.String(load_default="", validate=validate.Length(max=200))
     notify_url = fields.Url(
         load_default=None, allow_none=True, schemes={"http", "https"}, require_tld=False

@@ -120,7 +120,7 @@ def authenticate_grant(conn: Connection[Any], *, token: str) -> Grant | None:
 
 
 def _check_queue_names(queues: Sequence[str]) -> None:
-    bad = [q for q in queues if not isinstance(q, str) or not re.match(QUEUE_PATTERN, q)]
+    bad = [q for q in queues if not isinstance(q, str) or not re.fullmatch(QUEUE_PATTERN, q)]
     if bad or not queues:
         raise Invalid(
             {
