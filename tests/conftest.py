@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -127,3 +128,21 @@ def owner(conn: Connection[Any]) -> Human:
 @pytest.fixture
 def endpoint(conn: Connection[Any], owner: Human) -> Endpoint:
     return make_endpoint(conn, owner)
+
+
+class SingleConnection:
+    """A Database stand-in over one test connection: each transaction is a savepoint, so
+    services that own their transactions compose inside the test's rolled-back one."""
+
+    def __init__(self, conn: Connection[Any]) -> None:
+        self.conn = conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[Connection[Any]]:
+        with self.conn.transaction():
+            yield self.conn
+
+
+@pytest.fixture
+def db_conn(conn: Connection[Any]) -> SingleConnection:
+    return SingleConnection(conn)

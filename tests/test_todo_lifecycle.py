@@ -13,6 +13,7 @@ from switchboard.models import Actor, Endpoint, Human, Todo
 from switchboard.services import todos as service
 from switchboard.services.todos import TodoDefaults
 from switchboard.store import todos
+from tests.conftest import SingleConnection
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -264,17 +265,17 @@ def test_claim_todo_by_id_and_conflict_when_not_claimable(
 ):
     todo = new_todo(conn, endpoint)
     claim = service.claim(
-        conn,
+        SingleConnection(conn),
         id=todo.id,
         endpoint_id=endpoint.id,
         granted_queues=None,
         actor=agent(endpoint),
         now=T0,
     )
-    assert claim.todo.state == "claimed"
+    assert claim.claim.todo.state == "claimed" and claim.headroom is None
     with pytest.raises(Conflict) as err:
         service.claim(
-            conn,
+            SingleConnection(conn),
             id=todo.id,
             endpoint_id=endpoint.id,
             granted_queues=None,
@@ -292,7 +293,7 @@ def test_claim_todo_outside_granted_queues_or_endpoint_is_not_found(
     todo = new_todo(conn, endpoint, "secret")
     with pytest.raises(NotFound):
         service.claim(
-            conn,
+            SingleConnection(conn),
             id=todo.id,
             endpoint_id=endpoint.id,
             granted_queues=["public"],
@@ -302,7 +303,12 @@ def test_claim_todo_outside_granted_queues_or_endpoint_is_not_found(
     other = make_endpoint(conn, owner)
     with pytest.raises(NotFound):
         service.claim(
-            conn, id=todo.id, endpoint_id=other.id, granted_queues=None, actor=agent(other), now=T0
+            SingleConnection(conn),
+            id=todo.id,
+            endpoint_id=other.id,
+            granted_queues=None,
+            actor=agent(other),
+            now=T0,
         )
     assert todos.get(conn, id=todo.id).state == "pending"
 
@@ -316,12 +322,15 @@ def test_operator_owned_claim_by_owner_admin_but_not_stranger(
     second = new_todo(conn, endpoint)
     stranger = make_human(conn)
     with pytest.raises(NotFound):
-        service.claim_operator_owned(conn, id=first.id, human=stranger, now=T0)
-    claim = service.claim_operator_owned(conn, id=first.id, human=owner, now=T0)
-    assert claim.todo.claimed_by_human_id == owner.id and claim.todo.claimed_by_endpoint_id is None
+        service.claim_operator_owned(SingleConnection(conn), id=first.id, human=stranger, now=T0)
+    claim = service.claim_operator_owned(SingleConnection(conn), id=first.id, human=owner, now=T0)
+    claimed = claim.claim.todo
+    assert claimed.claimed_by_human_id == owner.id and claimed.claimed_by_endpoint_id is None
     admin = make_human(conn, admin=True)
     assert (
-        service.claim_operator_owned(conn, id=second.id, human=admin, now=T0).todo.state
+        service.claim_operator_owned(
+            SingleConnection(conn), id=second.id, human=admin, now=T0
+        ).claim.todo.state
         == "claimed"
     )
 
@@ -393,7 +402,11 @@ def test_unknown_ids_are_not_found(conn: Connection[Any], endpoint: Endpoint):
         todos.cancel(conn, id=missing, endpoint_id=endpoint.id, actor="x")
     with pytest.raises(NotFound):
         service.claim(
-            conn, id=missing, endpoint_id=endpoint.id, granted_queues=None, actor=agent(endpoint)
+            SingleConnection(conn),
+            id=missing,
+            endpoint_id=endpoint.id,
+            granted_queues=None,
+            actor=agent(endpoint),
         )
 
 

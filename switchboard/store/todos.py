@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -16,13 +17,88 @@ from switchboard.models import Attempt, Claim, Event, Todo
 from switchboard.store import load_queries
 
 _Q = load_queries("todos")
-_CLAIM_NEXT = _Q["claim_next"].replace("{claim}", _Q["claim"])
-_CLAIM_TODO = _Q["claim_todo"].replace("{claim}", _Q["claim"])
+# One claim tail (R-CLAIM) spliced into every claim path; claim_next and claim_todo go
+# through the admission gate first.
+_GATED = _Q["admit"].replace("{claim}", _Q["claim"].replace("{result}", _Q["claim_result"]))
+_CLAIM_NEXT = _Q["claim_next"].replace("{admit}", _GATED)
+_CLAIM_TODO = _Q["claim_todo"].replace("{admit}", _GATED)
+_CLAIM_ADMITTED = _Q["claim_admitted"].replace("{claim}", _Q["claim"].replace("{result}", ""))
 _SWEEP_BATCH = 1000
+_TODO_FIELDS = tuple(Todo.__dataclass_fields__)
 
 
-def _claim_row(*, claim_kind: str, **columns: Any) -> Claim:
-    return Claim(todo=Todo(**columns), kind=claim_kind)
+@dataclass(frozen=True)
+class PolicyRow:
+    """The admission policy row locked together with a candidate."""
+
+    id: UUID
+    max_in_flight: int | None
+    max_claims_per_window: int | None
+    window_period: str | None
+    window_tz: str | None
+    window_start: str | None
+    window_weekday: str | None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A claimable todo of a budgeted queue, locked with its policy row but not yet claimed."""
+
+    id: UUID
+    endpoint_id: UUID
+    queue: str
+    policy: PolicyRow
+    now: datetime  # the statement's clock: windows are placed by the database's time
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The outcome of claim_admitted: a claim, or the refusal with what was read under lock."""
+
+    claim: Claim | None
+    refusal: str | None
+    in_flight: int | None
+    used_before: int | None
+    used_after: int | None
+    earliest_lease_expiry: datetime | None
+
+
+def _claim(columns: dict[str, Any]) -> Claim:
+    return Claim(
+        todo=Todo(**{name: columns[name] for name in _TODO_FIELDS}), kind=columns["claim_kind"]
+    )
+
+
+def _gated_row(**columns: Any) -> Claim | Candidate:
+    if columns["id"] is not None:
+        return _claim(columns)
+    policy = PolicyRow(
+        id=columns["policy_id"],
+        max_in_flight=columns["max_in_flight"],
+        max_claims_per_window=columns["max_claims_per_window"],
+        window_period=columns["window_period"],
+        window_tz=columns["window_tz"],
+        window_start=columns["window_start"],
+        window_weekday=columns["window_weekday"],
+    )
+    return Candidate(
+        id=columns["found_id"],
+        endpoint_id=columns["endpoint_id_found"],
+        queue=columns["found_queue"],
+        policy=policy,
+        now=columns["found_now"],
+    )
+
+
+def _admission_row(**columns: Any) -> Admission:
+    return Admission(
+        claim=_claim(columns) if columns["id"] is not None else None,
+        refusal=columns["refusal"],
+        in_flight=columns["in_flight"],
+        used_before=columns["used_before"],
+        used_after=columns["used_after"],
+        earliest_lease_expiry=columns["earliest_lease_expiry"],
+    )
 
 
 def create(
@@ -108,9 +184,13 @@ def claim_next(
     lease_seconds: int | None = None,
     excluded: Sequence[str] = (),
     now: datetime | None = None,
-) -> Claim | None:
-    """Claim the oldest claimable todo across ``queues`` (None: all); None when there is none."""
-    with conn.cursor(row_factory=kwargs_row(_claim_row)) as cur:
+) -> Claim | Candidate | None:
+    """Claim the oldest claimable todo across ``queues`` (None: all), skipping ``excluded``.
+
+    Returns the claim; or, when the todo's queue has an admission policy, the locked
+    :class:`Candidate` (nothing claimed yet: see :func:`claim_admitted`); or None when idle.
+    """
+    with conn.cursor(row_factory=kwargs_row(_gated_row)) as cur:
         cur.execute(
             _CLAIM_NEXT,
             {
@@ -138,9 +218,10 @@ def claim_todo(
     actor: str,
     lease_seconds: int | None = None,
     now: datetime | None = None,
-) -> Claim:
-    """Claim one todo by id (waits for its row lock); raises NotFound or Conflict."""
-    with conn.cursor(row_factory=kwargs_row(_claim_row)) as cur:
+) -> Claim | Candidate:
+    """Claim one todo by id (waits for its row lock), or return it locked as a Candidate of a
+    budgeted queue; raises NotFound or Conflict (not claimable)."""
+    with conn.cursor(row_factory=kwargs_row(_gated_row)) as cur:
         cur.execute(
             _CLAIM_TODO,
             {
@@ -164,6 +245,42 @@ def claim_todo(
             details={"state": todo.state, "attempt": todo.attempt},
         )
     return claim
+
+
+def claim_admitted(
+    conn: Connection[Any],
+    *,
+    candidate: Candidate,
+    window_start: datetime | None,
+    claimant_endpoint_id: UUID | None,
+    claimant_human_id: UUID | None,
+    actor: str,
+    lease_seconds: int | None = None,
+    now: datetime | None = None,
+) -> Admission:
+    """Under the candidate's and policy's locks: count, then claim and charge, or refuse."""
+    policy = candidate.policy
+    with conn.cursor(row_factory=kwargs_row(_admission_row)) as cur:
+        cur.execute(
+            _CLAIM_ADMITTED,
+            {
+                "id": candidate.id,
+                "endpoint_id": candidate.endpoint_id,
+                "queue": candidate.queue,
+                "policy_id": policy.id,
+                "max_in_flight": policy.max_in_flight,
+                "max_claims_per_window": policy.max_claims_per_window,
+                "window_start": window_start,
+                "lease_seconds": lease_seconds,
+                "claimant_endpoint_id": claimant_endpoint_id,
+                "claimant_human_id": claimant_human_id,
+                "actor": actor,
+                "now": now,
+            },
+        )
+        row = cur.fetchone()
+    assert row is not None
+    return row
 
 
 def heartbeat(

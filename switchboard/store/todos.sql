@@ -69,8 +69,9 @@ WITH clock AS (
             OFFSET 0) x)
     ) AS head
     FROM asked a, clock
-), cand AS (
-    SELECT c.id, c.state AS prior_state, c.attempt AS prior_attempt, c.retry_at AS prior_retry_at
+), found AS (
+    SELECT c.id, %(endpoint_id)s::uuid AS endpoint_id, h.name AS queue, c.state AS prior_state,
+           c.attempt AS prior_attempt, c.retry_at AS prior_retry_at
     FROM (SELECT name, head FROM heads WHERE head IS NOT NULL ORDER BY head, name) h
     CROSS JOIN clock
     CROSS JOIN LATERAL (
@@ -107,20 +108,36 @@ WITH clock AS (
     ORDER BY h.head, h.name
     LIMIT 1
 )
-{claim}
+{admit}
 
 -- name: claim_todo
 -- One todo by id: wait for its row lock (FOR UPDATE), then claim it only if it is claimable.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
-), cand AS (
-    SELECT t.id, t.state AS prior_state, t.attempt AS prior_attempt, t.retry_at AS prior_retry_at
+), found AS (
+    SELECT t.id, t.endpoint_id, t.queue, t.state AS prior_state, t.attempt AS prior_attempt,
+           t.retry_at AS prior_retry_at
     FROM todos t, clock
     WHERE t.id = %(id)s
       AND (%(endpoint_id)s::uuid IS NULL OR t.endpoint_id = %(endpoint_id)s)
       AND (%(queues)s::text[] IS NULL OR t.queue = ANY(%(queues)s::text[]))
       AND todo_claimable(t.state, t.lease_expires_at, t.attempt, t.max_attempts, t.retry_at, clock.now)
     FOR UPDATE OF t
+)
+{admit}
+
+-- name: admit
+-- Admission gate of claim_next and claim_todo (R-ADMIT, R-ZERO). After the candidate row is
+-- locked, its queue's policy row is locked too. No policy — the common case — is one index
+-- probe returning no row, and the candidate is claimed in this same statement. With a policy
+-- nothing is claimed here: the statement returns the locked candidate and policy, and the
+-- caller decides under that lock (claim_admitted).
+, pol AS (
+    SELECT p.* FROM admission_policies p, found
+    WHERE p.endpoint_id = found.endpoint_id AND p.queue = found.queue
+    FOR UPDATE OF p
+), cand AS (
+    SELECT found.* FROM found WHERE NOT EXISTS (SELECT 1 FROM pol)
 )
 {claim}
 
@@ -163,7 +180,67 @@ WITH clock AS (
            jsonb_build_object('attempt', c.attempt, 'kind', c.claim_kind)
     FROM claimed c
 )
-SELECT * FROM claimed
+{result}
+
+-- name: claim_result
+-- One row when a candidate was found: the claim, or (budgeted queue) the locked candidate and
+-- its policy with the claim columns NULL.
+SELECT c.*, found.id AS found_id, found.endpoint_id AS endpoint_id_found,
+       found.queue AS found_queue, clock.now AS found_now,
+       pol.id AS policy_id, pol.max_in_flight, pol.max_claims_per_window, pol.window_period,
+       pol.window_tz, pol.window_start, pol.window_weekday
+FROM found
+CROSS JOIN clock
+LEFT JOIN pol ON true
+LEFT JOIN claimed c ON true
+
+-- name: claim_admitted
+-- The budgeted half of a claim, run after the candidate and its policy row are locked: read
+-- in-flight (excluding the candidate: a takeover replaces its own lapsed claim) and the
+-- window's usage in this statement's fresh snapshot, then claim and charge one unit only if
+-- neither limit is reached (R-ADMIT, R-CHARGE). Window arithmetic happened in Python:
+-- %(window_start)s is NULL for a policy without a window limit.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), usage AS (
+    SELECT
+        CASE WHEN %(max_in_flight)s::int IS NOT NULL THEN (
+            SELECT count(*) FROM todos t
+            WHERE t.endpoint_id = %(endpoint_id)s AND t.queue = %(queue)s
+              AND t.state = 'claimed' AND t.id <> %(id)s) END AS in_flight,
+        CASE WHEN %(window_start)s::timestamptz IS NOT NULL THEN coalesce((
+            SELECT w.used FROM admission_windows w
+            WHERE w.policy_id = %(policy_id)s AND w.window_start = %(window_start)s), 0) END AS used
+), verdict AS (
+    SELECT usage.*,
+        CASE
+            WHEN %(max_in_flight)s::int = 0 OR %(max_claims_per_window)s::int = 0 THEN 'paused'
+            WHEN usage.in_flight >= %(max_in_flight)s::int THEN 'in_flight_full'
+            WHEN usage.used >= %(max_claims_per_window)s::int THEN 'window_exhausted'
+        END AS refusal
+    FROM usage
+), found AS (
+    SELECT t.id, t.endpoint_id, t.queue, t.state AS prior_state, t.attempt AS prior_attempt,
+           t.retry_at AS prior_retry_at
+    FROM todos t WHERE t.id = %(id)s
+), cand AS (
+    SELECT found.* FROM found, verdict WHERE verdict.refusal IS NULL
+)
+{claim}, charged AS (
+    INSERT INTO admission_windows AS w (policy_id, window_start, used, updated_at)
+    SELECT %(policy_id)s, %(window_start)s, 1, c.claimed_at FROM claimed c
+    WHERE %(window_start)s::timestamptz IS NOT NULL
+    ON CONFLICT (policy_id, window_start)
+    DO UPDATE SET used = w.used + 1, updated_at = excluded.updated_at
+    RETURNING w.used
+)
+SELECT c.*, verdict.refusal, verdict.in_flight, verdict.used AS used_before,
+       (SELECT used FROM charged) AS used_after,
+       CASE WHEN verdict.refusal = 'in_flight_full' THEN (
+           SELECT min(t.lease_expires_at) FROM todos t
+           WHERE t.endpoint_id = %(endpoint_id)s AND t.queue = %(queue)s AND t.state = 'claimed')
+       END AS earliest_lease_expiry
+FROM verdict LEFT JOIN claimed c ON true
 
 -- name: heartbeat
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
