@@ -167,6 +167,7 @@ def test_readyz_is_503_while_migrations_are_pending(tmp_path: Path, pg_server_ur
     try:
         from app import create_app
         from switchboard import config
+        from switchboard.db import migration_files
 
         app = create_app(
             {"config": config.load({"DATABASE_URL": url, "SWITCHBOARD_DATA_DIR": str(tmp_path)})}
@@ -174,10 +175,11 @@ def test_readyz_is_503_while_migrations_are_pending(tmp_path: Path, pg_server_ur
         client = app.test_client()
         response = client.get("/readyz")
         assert response.status_code == 503
+        versions = [m.version for m in migration_files()]
         assert response.json == {
             "status": "unavailable",
             "reason": "migrations pending",
-            "pending": ["0001"],
+            "pending": versions,
         }
         from switchboard.extensions import database
 
