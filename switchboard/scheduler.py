@@ -1,0 +1,113 @@
+"""Periodic sweeps in exactly one process (R-SCHED).
+
+APScheduler runs in every serving process, but a tick does work only in the process that holds
+a PostgreSQL advisory lock on a dedicated connection. The lock is a session lock: when the
+holder dies, or its connection breaks, PostgreSQL releases it and another process takes it on
+its next tick. No coordination service is needed across containers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from switchboard import sweeps
+from switchboard.db import Database
+
+log = logging.getLogger(__name__)
+
+LEADER_LOCK = 0x5357_4C45_4144  # "SWLEAD": any fixed key, distinct from the migration lock
+
+Sweep = Callable[[Database, datetime | None], int]
+
+SWEEPS: dict[str, Sweep] = {
+    "reap_expired": lambda db, now: sweeps.reap_expired(db, now=now),
+    "requeue_due_retries": lambda db, now: sweeps.requeue_due_retries(db, now=now),
+}
+
+
+class Leadership:
+    """Holds (or tries to take) the scheduler's advisory lock on its own connection."""
+
+    def __init__(self, url: str, key: int = LEADER_LOCK) -> None:
+        self.url = url
+        self.key = key
+        self._conn: psycopg.Connection[Any] | None = None
+        self.leading = False
+
+    def acquire(self) -> bool:
+        """True when this process leads: a held lock is re-verified, a free one is taken."""
+        try:
+            conn = self._connection()
+            if self.leading:
+                conn.execute("SELECT 1")  # the lock lives exactly as long as this session
+            else:
+                row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self.key,)).fetchone()
+                self.leading = bool(row and row[0])
+        except psycopg.Error as exc:
+            log.warning("scheduler leadership check failed: %s", exc)
+            self.release()
+        return self.leading
+
+    def release(self) -> None:
+        """Give up leadership by closing the session (PostgreSQL drops the lock)."""
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
+        self.leading = False
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.url, autocommit=True, connect_timeout=5)
+            self.leading = False
+        return self._conn
+
+
+def tick(db: Database, leadership: Leadership, *, now: datetime | None = None) -> dict[str, int]:
+    """Run every sweep once if this process leads; returns their counts ({} when not leader)."""
+    if not leadership.acquire():
+        return {}
+    counts: dict[str, int] = {}
+    for name, sweep in SWEEPS.items():
+        try:
+            counts[name] = sweep(db, now)
+        except psycopg.Error as exc:  # a failed sweep must not stop the others or the ticker
+            log.warning("sweep %s failed: %s", name, exc)
+    return counts
+
+
+class Scheduler:
+    """The per-process ticker; only the leader's ticks do work."""
+
+    def __init__(self, db: Database, *, tick_seconds: float) -> None:
+        self.db = db
+        self.leadership = Leadership(db.url)
+        self._scheduler = BackgroundScheduler(timezone="UTC")
+        self._scheduler.add_job(
+            self._tick,
+            "interval",
+            seconds=tick_seconds,
+            id="tick",
+            max_instances=1,
+            coalesce=True,
+            next_run_time=datetime.now(UTC),
+        )
+
+    def _tick(self) -> None:
+        counts = tick(self.db, self.leadership)
+        if any(counts.values()):
+            log.info("sweeps: %s", counts)
+
+    def start(self) -> None:
+        """Start ticking in a background thread."""
+        self._scheduler.start()
+
+    def shutdown(self) -> None:
+        """Stop ticking and give up leadership."""
+        self._scheduler.shutdown(wait=False)
+        self.leadership.release()
