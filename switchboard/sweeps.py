@@ -5,6 +5,7 @@ The scheduler runs them only in the elected process; tests call them directly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 
 from switchboard.db import Database
@@ -13,21 +14,20 @@ from switchboard.store import todos
 
 def reap_expired(db: Database, *, now: datetime | None = None) -> int:
     """Fail lapsed claims that have no attempts left, batch by batch; returns how many."""
-    total = 0
-    while True:
-        with db.transaction() as conn:
-            reaped = todos.reap_expired(conn, now=now)
-        total += reaped
-        if reaped == 0:
-            return total
+    return _until_done(db, todos.reap_expired, now)
 
 
 def requeue_due_retries(db: Database, *, now: datetime | None = None) -> int:
     """Move due retries back to pending, batch by batch; returns how many."""
+    return _until_done(db, todos.requeue_due_retries, now)
+
+
+def _until_done(db: Database, batch: Callable[..., int], now: datetime | None) -> int:
+    """Run one-batch store sweeps, each in its own short transaction, until one finds nothing."""
     total = 0
     while True:
         with db.transaction() as conn:
-            moved = todos.requeue_due_retries(conn, now=now)
-        total += moved
-        if moved == 0:
+            done = batch(conn, now=now)
+        total += done
+        if done == 0:
             return total

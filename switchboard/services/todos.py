@@ -155,19 +155,15 @@ def claim(
     """An agent claims one todo by id; raises NotFound, Conflict, Deferred or
     AdmissionUnavailable (nothing claimed, nothing charged)."""
     with db.transaction() as conn:
-        found = todos.claim_todo(
+        return _claim_by_id(
             conn,
             id=id,
             endpoint_id=endpoint_id,
             queues=granted_queues,
-            claimant_endpoint_id=actor.endpoint_id,
-            claimant_human_id=actor.human_id,
-            actor=actor.label,
+            actor=actor,
             lease_seconds=lease_seconds,
             now=now,
         )
-        outcome = _admit(conn, found, actor=actor, lease_seconds=lease_seconds)
-    return _claimed_or_raise(outcome)
 
 
 def claim_operator_owned(
@@ -178,23 +174,43 @@ def claim_operator_owned(
     lease_seconds: int | None = None,
     now: datetime | None = None,
 ) -> Claimed:
-    """The board's claim, by a human who owns the endpoint (or an admin); admission applies."""
-    actor = Actor(human_id=human.id)
+    """The board's claim, by a human who owns the endpoint (or an admin); admission applies.
+    Raises as :func:`claim` does."""
     with db.transaction() as conn:
         todo = operated_todo(conn, id=id, human=human)
-        found = todos.claim_todo(
+        return _claim_by_id(
             conn,
             id=id,
             endpoint_id=todo.endpoint_id,
             queues=None,
-            claimant_endpoint_id=None,
-            claimant_human_id=human.id,
-            actor=actor.label,
+            actor=Actor(human_id=human.id),
             lease_seconds=lease_seconds,
             now=now,
         )
-        outcome = _admit(conn, found, actor=actor, lease_seconds=lease_seconds)
-    return _claimed_or_raise(outcome)
+
+
+def _claim_by_id(
+    conn: Connection[Any],
+    *,
+    id: UUID,
+    endpoint_id: UUID,
+    queues: Sequence[str] | None,
+    actor: Actor,
+    lease_seconds: int | None,
+    now: datetime | None,
+) -> Claimed:
+    found = todos.claim_todo(
+        conn,
+        id=id,
+        endpoint_id=endpoint_id,
+        queues=queues,
+        claimant_endpoint_id=actor.endpoint_id,
+        claimant_human_id=actor.human_id,
+        actor=actor.label,
+        lease_seconds=lease_seconds,
+        now=now,
+    )
+    return _claimed_or_raise(_admit(conn, found, actor=actor, lease_seconds=lease_seconds))
 
 
 def _admit(
