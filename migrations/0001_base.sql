@@ -136,10 +136,9 @@ CREATE INDEX idx_events_todo ON events (todo_id, id);
 -- R-CAND: the one claimable predicate. Every claim path uses it; claim_next additionally splits
 -- it by state so that each branch is driven by its own partial index. A SQL function of one
 -- expression is inlined by the planner, so it costs nothing at run time.
-CREATE FUNCTION todo_claimable(state text, lease_expires_at timestamptz, attempt int,
-                               max_attempts int, retry_at timestamptz, at timestamptz)
-RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT state = 'pending'
-        OR (state = 'claimed' AND lease_expires_at < at AND attempt < max_attempts)
-        OR (state = 'retry_wait' AND retry_at <= at)
+CREATE FUNCTION todo_claimable(t todos, at timestamptz)
+RETURNS boolean LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT t.state = 'pending'
+        OR (t.state = 'claimed' AND t.lease_expires_at < at AND t.attempt < t.max_attempts)
+        OR (t.state = 'retry_wait' AND t.retry_at <= at)
 $$;

@@ -29,8 +29,9 @@ class Database:
             min_size=min_size,
             max_size=max_size,
             open=False,
-            # A broken connection (PostgreSQL restarted) is replaced instead of handed out.
-            check=ConnectionPool.check_connection,
+            # No check on checkout: it would cost a round trip on every claim. The scheduler
+            # checks idle connections every few seconds instead (Database.check_idle), and a
+            # connection that breaks in use is discarded when it comes back to the pool.
             kwargs={"autocommit": False},
             name="switchboard",
         )
@@ -48,6 +49,23 @@ class Database:
         """One transaction: committed when the block ends, rolled back if it raises."""
         with self.pool.connection() as conn, conn.transaction():
             yield conn
+
+    @contextmanager
+    def statement(self) -> Iterator[Connection[Any]]:
+        """A connection in autocommit: each statement is its own transaction, one round trip.
+        For work that is a single statement (the unbudgeted claim) or cannot run in a
+        transaction (VACUUM)."""
+        with self.pool.connection() as conn:
+            conn.autocommit = True
+            try:
+                yield conn
+            finally:
+                if not conn.closed:
+                    conn.autocommit = False
+
+    def check_idle(self) -> None:
+        """Replace idle pooled connections that no longer work (e.g. PostgreSQL restarted)."""
+        self.pool.check()
 
 
 @dataclass(frozen=True)

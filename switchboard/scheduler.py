@@ -81,27 +81,48 @@ def tick(db: Database, leadership: Leadership, *, now: datetime | None = None) -
     return counts
 
 
-class Scheduler:
-    """The per-process ticker; only the leader's ticks do work."""
+def maintain(db: Database, leadership: Leadership) -> int:
+    """The leader's index upkeep: VACUUM todos once dead entries pile up (0: nothing done)."""
+    if not leadership.acquire():
+        return 0
+    try:
+        return sweeps.vacuum_todos(db)
+    except psycopg.Error as exc:
+        log.warning("vacuum of todos failed: %s", exc)
+        return 0
 
-    def __init__(self, db: Database, *, tick_seconds: float) -> None:
+
+class Scheduler:
+    """The per-process ticker; only the leader's sweeps do work. Every process also checks its
+    own idle pooled connections, so a PostgreSQL restart costs no request a broken one."""
+
+    def __init__(
+        self, db: Database, *, tick_seconds: float, maintenance_seconds: float = 10
+    ) -> None:
         self.db = db
         self.leadership = Leadership(db.url)
         self._scheduler = BackgroundScheduler(timezone="UTC")
+        first = datetime.now(UTC)
+        self._add(self._tick, tick_seconds, first)
+        self._add(self._maintain, maintenance_seconds, first)
+
+    def _add(self, job: Callable[[], None], seconds: float, first: datetime) -> None:
         self._scheduler.add_job(
-            self._tick,
-            "interval",
-            seconds=tick_seconds,
-            id="tick",
-            max_instances=1,
-            coalesce=True,
-            next_run_time=datetime.now(UTC),
+            job, "interval", seconds=seconds, max_instances=1, coalesce=True, next_run_time=first
         )
 
     def _tick(self) -> None:
         counts = tick(self.db, self.leadership)
         if any(counts.values()):
             log.info("sweeps: %s", counts)
+
+    def _maintain(self) -> None:
+        try:
+            self.db.check_idle()
+        except psycopg.Error as exc:
+            log.warning("pool check failed: %s", exc)
+        if dead := maintain(self.db, self.leadership):
+            log.info("vacuumed todos (%d dead row versions)", dead)
 
     def start(self) -> None:
         """Start ticking in a background thread."""

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from switchboard.db import Database
-from switchboard.store import todos
+from switchboard.store import maintenance, todos
 
 
 def reap_expired(db: Database, *, now: datetime | None = None) -> int:
@@ -31,3 +31,17 @@ def _until_done(db: Database, batch: Callable[..., int], now: datetime | None) -
         total += done
         if done == 0:
             return total
+
+
+VACUUM_THRESHOLD = 2000  # dead row versions; a few pages' worth at the front of the index
+
+
+def vacuum_todos(db: Database, *, threshold: int = VACUUM_THRESHOLD) -> int:
+    """VACUUM todos when enough dead versions piled up; returns the dead count it acted on
+    (0 when it did nothing)."""
+    with db.statement() as conn:
+        dead = maintenance.dead_tuples(conn)
+        if dead < threshold:
+            return 0
+        maintenance.vacuum_todos(conn)
+    return dead

@@ -142,7 +142,10 @@ class SingleConnection:
         with self.conn.transaction():
             yield self.conn
 
+    statement = transaction  # autocommit is impossible inside the test's transaction
+
 
 @pytest.fixture
 def db_conn(conn: Connection[Any]) -> SingleConnection:
     return SingleConnection(conn)
+

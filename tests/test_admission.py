@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg import Connection
 
@@ -330,30 +331,46 @@ def test_refusals_under_the_lock_are_bounded_by_the_queue_count(
 def test_no_policy_runs_one_statement_per_claim(
     conn: Connection[Any], endpoint: Endpoint, owner: Human
 ) -> None:
-    """R-ZERO: without a policy a claim is the pre-read probe plus today's one statement."""
-    add(conn, endpoint, "free", n=2)
+    """R-ZERO: an unbudgeted claim is today's one statement (after one pre-read has seen no
+    policy); a budgeted one adds the pre-read and the locked count-claim-charge statement."""
+    add(conn, endpoint, "free", n=3)
     add(conn, endpoint, "budgeted", n=1)
     budget(conn, endpoint, owner, "budgeted", max_claims_per_window=5, window=NY_DAY)
     statements: list[str] = []
-    conn.add_notice_handler(lambda *_: None)
-    original = type(conn.cursor()).execute
+    original = psycopg.Cursor.execute
 
     def recording(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-        statements.append(query if isinstance(query, str) else str(query))
+        statements.append(str(query))
         return original(cursor, query, *args, **kwargs)
 
-    import psycopg
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(psycopg.Cursor, "execute", recording)
-        free = next_claim(conn, endpoint, queues=["free"])
-        free_statements = len(statements)
+    def count(queues: list[str]) -> tuple[Claimed | Idle, int]:
         statements.clear()
-        budgeted = next_claim(conn, endpoint, queues=["budgeted"])
-    assert isinstance(free, Claimed) and free.headroom is None
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(psycopg.Cursor, "execute", recording)
+            result = next_claim(conn, endpoint, queues=queues)
+        return result, len(statements)
+
+    first, first_count = count(["free"])
+    second, second_count = count(["free"])
+    budgeted, budgeted_count = count(["budgeted"])
+    assert isinstance(first, Claimed) and first.headroom is None
+    assert isinstance(second, Claimed) and second.headroom is None
+    assert (first_count, second_count) == (2, 1)  # pre-read once, then the claim alone
     assert isinstance(budgeted, Claimed) and budgeted.headroom is not None
-    assert free_statements == 2  # the pre-read probe (no row) + the gated claim
-    assert len(statements) == 3  # + the locked count-claim-charge statement
+    assert budgeted_count == 3
+
+
+def test_a_policy_created_after_the_no_policy_hint_still_binds(
+    conn: Connection[Any], endpoint: Endpoint, owner: Human
+) -> None:
+    add(conn, endpoint, n=3)
+    assert isinstance(next_claim(conn, endpoint, queues=["q"]), Claimed)  # hint: no policy
+    budget(conn, endpoint, owner, max_in_flight=0)
+    result = next_claim(conn, endpoint, queues=["q"])
+    assert isinstance(result, Idle) and [d.reason for d in result.deferred] == ["paused"]
+    budget(conn, endpoint, owner, max_claims_per_window=1, window=NY_DAY)
+    claimed = next_claim(conn, endpoint, queues=["q"])
+    assert isinstance(claimed, Claimed) and claimed.headroom is not None
 
 
 def test_pending_todos_carry_the_derived_admission_block(

@@ -109,3 +109,47 @@ def test_ticks_sweep_only_in_the_leader(db: Database, clone_db: str) -> None:
     with psycopg.connect(clone_db) as conn:
         states = sorted(r[0] for r in conn.execute("SELECT state FROM todos").fetchall())
     assert states == ["failed", "pending"]
+
+
+def test_the_leader_vacuums_todos_once_dead_entries_pile_up(db: Database, clone_db: str) -> None:
+    from switchboard import sweeps
+    from switchboard.scheduler import maintain
+
+    with psycopg.connect(clone_db, autocommit=True) as conn:
+        endpoint = make_endpoint(conn, make_human(conn))
+        conn.execute(
+            "INSERT INTO todos (endpoint_id, queue, title)"
+            " SELECT %s, 'q', 't' FROM generate_series(1, 3000)",
+            (endpoint.id,),
+        )
+        conn.execute("UPDATE todos SET state = 'cancelled'")
+        conn.execute("SELECT pg_stat_force_next_flush()")
+    follower, leader = Leadership(clone_db), Leadership(clone_db)
+    try:
+        assert leader.acquire()
+        assert maintain(db, follower) == 0  # not the leader: nothing
+        assert sweeps.vacuum_todos(db, threshold=10**9) == 0  # below threshold: nothing
+        assert maintain(db, leader) >= 2000
+    finally:
+        leader.release()
+        follower.release()
+    with psycopg.connect(clone_db, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'todos'"
+        ).fetchone()
+    assert row is not None and row[0] >= 1
+
+
+def test_idle_pool_connections_broken_by_a_restart_are_replaced(
+    db: Database, clone_db: str
+) -> None:
+    with db.transaction() as conn:
+        conn.execute("SELECT 1")
+    with psycopg.connect(clone_db, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    db.check_idle()
+    with db.transaction() as conn:  # no request pays for the broken connection
+        assert conn.execute("SELECT 1").fetchone() == (1,)

@@ -5,6 +5,9 @@ Every function takes an open transaction's connection; the caller commits.
 
 from __future__ import annotations
 
+import functools
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -95,6 +98,37 @@ class _Refused:
     verdict: Verdict
 
 
+class _PolicyFreeQueues:
+    """Which (endpoint, queue set) pairs had no admission policy a moment ago.
+
+    Only a hint: it lets an unbudgeted claim skip the pre-read and run as the single
+    autocommit statement it is. Correctness never depends on it — the claim statement itself
+    locks and checks the candidate queue's policy, and a policy found there sends the claim
+    down the full path.
+    """
+
+    def __init__(self, ttl_seconds: float) -> None:
+        self.ttl = ttl_seconds
+        self._until: dict[tuple[UUID, tuple[str, ...] | None], float] = {}
+        self._lock = threading.Lock()
+
+    def fresh(self, key: tuple[UUID, tuple[str, ...] | None]) -> bool:
+        with self._lock:
+            return self._until.get(key, 0.0) > time.monotonic()
+
+    def remember(self, key: tuple[UUID, tuple[str, ...] | None], policy_free: bool) -> None:
+        with self._lock:
+            if policy_free:
+                if len(self._until) > 10_000:
+                    self._until.clear()
+                self._until[key] = time.monotonic() + self.ttl
+            else:
+                self._until.pop(key, None)
+
+
+_POLICY_FREE = _PolicyFreeQueues(ttl_seconds=1.0)
+
+
 def claim_next(
     db: Database,
     *,
@@ -113,23 +147,31 @@ def claim_next(
     queues = drainable_queues(granted_queues, asked_queues)
     if queues == []:
         return Idle([])
+    claim = functools.partial(
+        todos.claim_next,
+        endpoint_id=endpoint_id,
+        queues=queues,
+        claimant_endpoint_id=actor.endpoint_id,
+        claimant_human_id=actor.human_id,
+        actor=actor.label,
+        lease_seconds=lease_seconds,
+        now=now,
+    )
+    key = (endpoint_id, tuple(queues) if queues is not None else None)
+    if _POLICY_FREE.fresh(key):
+        with db.statement() as conn:  # R-ZERO: today's one statement, one round trip
+            found = claim(conn)
+        if found is None or isinstance(found, Claim):
+            return Claimed(found, None) if found else Idle([])
+        # A policy appeared; the statement claimed nothing and its locks are gone.
     with db.transaction() as conn:
         states = admission_store.states(conn, endpoint_ids=[endpoint_id], queues=queues, now=now)
+    _POLICY_FREE.remember(key, policy_free=not states)
     refused = {s.queue: v for s in states if (v := admission.evaluate(s, for_claim=True)).deferred}
     # Bounded: each pass returns, or refuses a queue not yet excluded (len(queues) at most).
     while True:
         with db.transaction() as conn:
-            found = todos.claim_next(
-                conn,
-                endpoint_id=endpoint_id,
-                queues=queues,
-                excluded=sorted(refused),
-                claimant_endpoint_id=actor.endpoint_id,
-                claimant_human_id=actor.human_id,
-                actor=actor.label,
-                lease_seconds=lease_seconds,
-                now=now,
-            )
+            found = claim(conn, excluded=sorted(refused))
             if found is None:
                 return Idle(
                     admission.deferred_items(

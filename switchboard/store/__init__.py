@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from importlib.resources import files
-from typing import LiteralString, cast
+from typing import LiteralString
 
 _BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
@@ -21,5 +21,22 @@ def load_queries(module: str) -> dict[str, LiteralString]:
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in queries:
             raise RuntimeError(f"duplicate query {name!r} in {module}.sql")
-        queries[name] = cast(LiteralString, body.strip())
+        queries[name] = compact(body)
     return queries
+
+
+def compact(sql: str) -> str:
+    """The statement without comments and indentation. psycopg caches the parse of statements
+    up to 4 kB only, and the claim statements are read on every claim."""
+    lines = (_strip_comment(line).strip() for line in sql.splitlines())
+    return "\n".join(line for line in lines if line)
+
+
+def _strip_comment(line: str) -> str:
+    quoted = False
+    for index, char in enumerate(line):
+        if char == "'":
+            quoted = not quoted
+        elif not quoted and line.startswith("--", index):
+            return line[:index]
+    return line

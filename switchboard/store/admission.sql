@@ -38,8 +38,7 @@ ORDER BY p.endpoint_id, p.queue
 SELECT t.queue, count(*) AS waiting FROM todos t
 WHERE t.endpoint_id = %(endpoint_id)s AND t.queue = ANY(%(queues)s::text[])
   AND t.state IN ('pending', 'retry_wait', 'claimed')
-  AND todo_claimable(t.state, t.lease_expires_at, t.attempt, t.max_attempts, t.retry_at,
-                     coalesce(%(now)s::timestamptz, now()))
+  AND todo_claimable(t, coalesce(%(now)s::timestamptz, now()))
 GROUP BY t.queue
 
 -- name: policy_get_for_update

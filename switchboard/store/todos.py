@@ -25,6 +25,14 @@ _CLAIM_TODO = _Q["claim_todo"].replace("{admit}", _GATED)
 _CLAIM_ADMITTED = _Q["claim_admitted"].replace("{claim}", _Q["claim"].replace("{result}", ""))
 _SWEEP_BATCH = 1000
 _TODO_FIELDS = tuple(Todo.__dataclass_fields__)
+_POLICY_LIMITS = (
+    "max_in_flight",
+    "max_claims_per_window",
+    "window_period",
+    "window_tz",
+    "window_start",
+    "window_weekday",
+)
 
 
 @dataclass(frozen=True)
@@ -72,20 +80,15 @@ def _claim(columns: dict[str, Any]) -> Claim:
 def _gated_row(**columns: Any) -> Claim | Candidate:
     if columns["id"] is not None:
         return _claim(columns)
-    policy = PolicyRow(
-        id=columns["policy_id"],
-        max_in_flight=columns["max_in_flight"],
-        max_claims_per_window=columns["max_claims_per_window"],
-        window_period=columns["window_period"],
-        window_tz=columns["window_tz"],
-        window_start=columns["window_start"],
-        window_weekday=columns["window_weekday"],
-    )
+    policy = columns["policy"]
     return Candidate(
         id=columns["found_id"],
-        endpoint_id=columns["endpoint_id_found"],
+        endpoint_id=columns["found_endpoint"],
         queue=columns["found_queue"],
-        policy=policy,
+        policy=PolicyRow(
+            id=UUID(policy["id"]),
+            **{name: policy[name] for name in _POLICY_LIMITS},
+        ),
         now=columns["found_now"],
     )
 

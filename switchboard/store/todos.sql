@@ -44,64 +44,62 @@ LIMIT %(limit)s
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), asked AS (
-    SELECT q.name FROM queues q
+    SELECT q.endpoint_id AS ep, q.name FROM queues q
     WHERE q.endpoint_id = %(endpoint_id)s
       AND (%(queues)s::text[] IS NULL OR q.name = ANY(%(queues)s::text[]))
       AND q.name <> ALL(%(excluded)s::text[])
 ), heads AS MATERIALIZED (
     -- Each queue's oldest claimable created_at, read without locks. The lapsed-lease and retry
-    -- probes sit behind OFFSET 0 so the planner drives them by their own partial indexes
-    -- (idx_todos_claimed_lease, idx_todos_retry_due) instead of walking created_at order.
-    SELECT a.name, least(
+    -- probes sit behind OFFSET 0 and ask for lease / due order, so the planner drives them by
+    -- their own partial indexes (idx_todos_claimed_lease, idx_todos_retry_due): neither
+    -- created_at order nor idx_todos_claimed_endpoint_queue, which would walk every live claim.
+    SELECT a.ep, a.name, least(
         (SELECT t.created_at FROM todos t
-         WHERE t.endpoint_id = %(endpoint_id)s AND t.queue = a.name AND t.state = 'pending'
+         WHERE (t.endpoint_id, t.queue) = (a.ep, a.name) AND t.state = 'pending'
          ORDER BY t.created_at, t.id LIMIT 1),
         (SELECT min(x.created_at) FROM (
             SELECT t.created_at FROM todos t
-            WHERE t.endpoint_id = %(endpoint_id)s AND t.queue = a.name AND t.state = 'claimed'
-              AND t.lease_expires_at < clock.now
-              AND todo_claimable(t.state, t.lease_expires_at, t.attempt, t.max_attempts, t.retry_at, clock.now)
-            OFFSET 0) x),
+            WHERE (t.endpoint_id, t.queue) = (a.ep, a.name) AND t.state = 'claimed'
+              AND t.lease_expires_at < clock.now AND todo_claimable(t, clock.now)
+            ORDER BY t.lease_expires_at OFFSET 0) x),
         (SELECT min(x.created_at) FROM (
             SELECT t.created_at FROM todos t
-            WHERE t.endpoint_id = %(endpoint_id)s AND t.queue = a.name AND t.state = 'retry_wait'
+            WHERE (t.endpoint_id, t.queue) = (a.ep, a.name) AND t.state = 'retry_wait'
               AND t.retry_at <= clock.now
-            OFFSET 0) x)
+            ORDER BY t.retry_at OFFSET 0) x)
     ) AS head
     FROM asked a, clock
 ), found AS (
-    SELECT c.id, %(endpoint_id)s::uuid AS endpoint_id, h.name AS queue, c.state AS prior_state,
+    SELECT c.id, h.ep AS endpoint_id, h.name AS queue, c.state AS prior_state,
            c.attempt AS prior_attempt, c.retry_at AS prior_retry_at
-    FROM (SELECT name, head FROM heads WHERE head IS NOT NULL ORDER BY head, name) h
+    FROM (SELECT * FROM heads WHERE head IS NOT NULL ORDER BY head, name) h
     CROSS JOIN clock
     CROSS JOIN LATERAL (
         SELECT x.* FROM (
             SELECT * FROM (
-                SELECT t.id, t.created_at, t.state, t.attempt, t.retry_at FROM todos t
-                WHERE t.endpoint_id = %(endpoint_id)s AND t.queue = h.name AND t.state = 'pending'
+                SELECT t.* FROM todos t
+                WHERE (t.endpoint_id, t.queue) = (h.ep, h.name) AND t.state = 'pending'
                 ORDER BY t.created_at, t.id LIMIT 1 FOR UPDATE SKIP LOCKED) p
             UNION ALL
             SELECT * FROM (
-                -- Lapsed leases: found through idx_todos_claimed_lease (OFFSET 0 keeps the
-                -- planner off created_at order), then locked one at a time, oldest first.
-                SELECT t.id, t.created_at, t.state, t.attempt, t.retry_at
-                FROM todos t JOIN (
+                -- Lapsed leases: found through idx_todos_claimed_lease (see heads), then
+                -- locked one at a time, oldest first.
+                SELECT t.* FROM todos t JOIN (
                     SELECT t.id, t.created_at FROM todos t
-                    WHERE t.endpoint_id = %(endpoint_id)s AND t.queue = h.name AND t.state = 'claimed'
+                    WHERE (t.endpoint_id, t.queue) = (h.ep, h.name) AND t.state = 'claimed'
                       AND t.lease_expires_at < clock.now
-                    OFFSET 0) lapsed ON lapsed.id = t.id
-                WHERE todo_claimable(t.state, t.lease_expires_at, t.attempt, t.max_attempts, t.retry_at, clock.now)
+                    ORDER BY t.lease_expires_at OFFSET 0) lapsed ON lapsed.id = t.id
+                WHERE todo_claimable(t, clock.now)
                 ORDER BY lapsed.created_at, t.id LIMIT 1 FOR UPDATE OF t SKIP LOCKED) l
             UNION ALL
             SELECT * FROM (
                 -- Due retries, likewise through idx_todos_retry_due.
-                SELECT t.id, t.created_at, t.state, t.attempt, t.retry_at
-                FROM todos t JOIN (
+                SELECT t.* FROM todos t JOIN (
                     SELECT t.id, t.created_at FROM todos t
-                    WHERE t.endpoint_id = %(endpoint_id)s AND t.queue = h.name AND t.state = 'retry_wait'
+                    WHERE (t.endpoint_id, t.queue) = (h.ep, h.name) AND t.state = 'retry_wait'
                       AND t.retry_at <= clock.now
-                    OFFSET 0) due ON due.id = t.id
-                WHERE todo_claimable(t.state, t.lease_expires_at, t.attempt, t.max_attempts, t.retry_at, clock.now)
+                    ORDER BY t.retry_at OFFSET 0) due ON due.id = t.id
+                WHERE todo_claimable(t, clock.now)
                 ORDER BY due.created_at, t.id LIMIT 1 FOR UPDATE OF t SKIP LOCKED) r
         ) x ORDER BY x.created_at, x.id LIMIT 1
     ) c
@@ -121,7 +119,7 @@ WITH clock AS (
     WHERE t.id = %(id)s
       AND (%(endpoint_id)s::uuid IS NULL OR t.endpoint_id = %(endpoint_id)s)
       AND (%(queues)s::text[] IS NULL OR t.queue = ANY(%(queues)s::text[]))
-      AND todo_claimable(t.state, t.lease_expires_at, t.attempt, t.max_attempts, t.retry_at, clock.now)
+      AND todo_claimable(t, clock.now)
     FOR UPDATE OF t
 )
 {admit}
@@ -185,10 +183,8 @@ WITH clock AS (
 -- name: claim_result
 -- One row when a candidate was found: the claim, or (budgeted queue) the locked candidate and
 -- its policy with the claim columns NULL.
-SELECT c.*, found.id AS found_id, found.endpoint_id AS endpoint_id_found,
-       found.queue AS found_queue, clock.now AS found_now,
-       pol.id AS policy_id, pol.max_in_flight, pol.max_claims_per_window, pol.window_period,
-       pol.window_tz, pol.window_start, pol.window_weekday
+SELECT c.*, found.id AS found_id, found.endpoint_id AS found_endpoint,
+       found.queue AS found_queue, clock.now AS found_now, to_jsonb(pol) AS policy
 FROM found
 CROSS JOIN clock
 LEFT JOIN pol ON true
