@@ -92,8 +92,8 @@ CREATE TABLE todos (
 -- with a live lease is never on the path of the next claim (SPEC §10):
 --   pending, in claim order;
 CREATE INDEX idx_todos_pending ON todos (endpoint_id, queue, created_at, id) WHERE state = 'pending';
---   claimed, by lease expiry: a lapsed-lease probe reads only entries already past now();
-CREATE INDEX idx_todos_claimed_lease ON todos (endpoint_id, queue, lease_expires_at) WHERE state = 'claimed';
+--   claimed, by lease expiry: idx_todos_claimed_endpoint_queue, created with admission control
+--   in 0002 (it also serves the in-flight count under the policy lock);
 --   retry_wait, by due time.
 CREATE INDEX idx_todos_retry_due ON todos (endpoint_id, queue, retry_at) WHERE state = 'retry_wait';
 -- Operator listings: newest first per endpoint (keyset on created_at, id).

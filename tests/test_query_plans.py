@@ -14,7 +14,7 @@ from tests.conftest import make_endpoint, make_human
 
 CLAIM_INDEXES = {
     "idx_todos_pending",
-    "idx_todos_claimed_lease",
+    "idx_todos_claimed_endpoint_queue",
     "idx_todos_retry_due",
     "todos_pkey",
     "todo_attempts_todo_id_attempt_key",

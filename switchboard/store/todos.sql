@@ -50,9 +50,9 @@ WITH clock AS (
       AND q.name <> ALL(%(excluded)s::text[])
 ), heads AS MATERIALIZED (
     -- Each queue's oldest claimable created_at, read without locks. The lapsed-lease and retry
-    -- probes sit behind OFFSET 0 and ask for lease / due order, so the planner drives them by
-    -- their own partial indexes (idx_todos_claimed_lease, idx_todos_retry_due): neither
-    -- created_at order nor idx_todos_claimed_endpoint_queue, which would walk every live claim.
+    -- probes sit behind OFFSET 0 and ask for lease / due order, so their partial indexes
+    -- (idx_todos_claimed_endpoint_queue, idx_todos_retry_due) drive them by range: only
+    -- entries already past now() are read, never the live claims.
     SELECT a.ep, a.name, least(
         (SELECT t.created_at FROM todos t
          WHERE (t.endpoint_id, t.queue) = (a.ep, a.name) AND t.state = 'pending'
@@ -82,7 +82,7 @@ WITH clock AS (
                 ORDER BY t.created_at, t.id LIMIT 1 FOR UPDATE SKIP LOCKED) p
             UNION ALL
             SELECT * FROM (
-                -- Lapsed leases: found through idx_todos_claimed_lease (see heads), then
+                -- Lapsed leases: found through idx_todos_claimed_endpoint_queue (see heads), then
                 -- locked one at a time, oldest first.
                 SELECT t.* FROM todos t JOIN (
                     SELECT t.id, t.created_at FROM todos t
