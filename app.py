@@ -12,7 +12,8 @@ from switchboard import config as configmod
 from switchboard import extensions
 from switchboard.db import Database
 from switchboard.pgserver import EmbeddedPostgres
-from switchboard.views import errors, health
+from switchboard.scheduler import Scheduler
+from switchboard.views import errors, health, mcp
 
 MAX_CONTENT_LENGTH = 1024 * 1024  # request bodies above 1 MiB are refused with 413
 
@@ -34,7 +35,18 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     extensions.init_app(app, extensions.State(config, db))
     errors.init_app(app)
     app.register_blueprint(health.bp)
+    mcp.init_app(app)
+    app.register_blueprint(mcp.bp)
+    if config.scheduler:
+        _start_scheduler(db, config.tick_seconds)
     return app
+
+
+def _start_scheduler(db: Database, tick_seconds: int) -> None:
+    """Tick in this process; only the advisory-lock holder's ticks do work (R-SCHED)."""
+    scheduler = Scheduler(db, tick_seconds=tick_seconds)
+    scheduler.start()
+    atexit.register(scheduler.shutdown)
 
 
 def _start_embedded(config: configmod.Config) -> str:

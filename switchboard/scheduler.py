@@ -28,6 +28,7 @@ Sweep = Callable[[Database, datetime | None], int]
 SWEEPS: dict[str, Sweep] = {
     "reap_expired": lambda db, now: sweeps.reap_expired(db, now=now),
     "requeue_due_retries": lambda db, now: sweeps.requeue_due_retries(db, now=now),
+    "prune_mcp_sessions": lambda db, now: sweeps.prune_mcp_sessions(db, now=now),
 }
 
 

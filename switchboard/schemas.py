@@ -28,13 +28,29 @@ class FullMatch(validate.Validator):
         return value
 
 
+def no_nul(value: Any) -> None:
+    """PostgreSQL text and jsonb cannot hold NUL: refuse it anywhere in the value."""
+    if _has_nul(value):
+        raise ValidationError("must not contain NUL characters")
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(item) for item in value)
+    return False
+
+
 class NewTodoSchema(Schema):
     """What a caller may set on a new todo; defaults for attempts and lease come from config."""
 
     queue = fields.String(required=True, validate=FullMatch(QUEUE_PATTERN))
-    title = fields.String(required=True, validate=validate.Length(min=1, max=TITLE_MAX))
-    body = fields.String(load_default="", validate=validate.Length(max=BODY_MAX))
-    payload = fields.Dict(load_default=dict)
+    title = fields.String(required=True, validate=[validate.Length(min=1, max=TITLE_MAX), no_nul])
+    body = fields.String(load_default="", validate=[validate.Length(max=BODY_MAX), no_nul])
+    payload = fields.Dict(load_default=dict, validate=no_nul)
     max_attempts = fields.Integer(load_default=None, validate=validate.Range(min=1, max=100))
     lease_seconds = fields.Integer(load_default=None, validate=validate.Range(min=1, max=86400))
 

@@ -6,10 +6,10 @@ The scheduler runs them only in the elected process; tests call them directly.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from switchboard.db import Database
-from switchboard.store import maintenance, todos
+from switchboard.store import maintenance, mcp_sessions, todos
 
 
 def reap_expired(db: Database, *, now: datetime | None = None) -> int:
@@ -20,6 +20,15 @@ def reap_expired(db: Database, *, now: datetime | None = None) -> int:
 def requeue_due_retries(db: Database, *, now: datetime | None = None) -> int:
     """Move due retries back to pending, batch by batch; returns how many."""
     return _until_done(db, todos.requeue_due_retries, now)
+
+
+MCP_SESSION_RETENTION = timedelta(hours=24)
+
+
+def prune_mcp_sessions(db: Database, *, now: datetime | None = None) -> int:
+    """Forget MCP sessions ended or idle for a day, batch by batch; returns how many."""
+    before = (now or datetime.now(UTC)) - MCP_SESSION_RETENTION
+    return _until_done(db, lambda conn, now: mcp_sessions.prune(conn, before=before), now)
 
 
 def _until_done(db: Database, batch: Callable[..., int], now: datetime | None) -> int:

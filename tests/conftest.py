@@ -149,3 +149,13 @@ class SingleConnection:
 def db_conn(conn: Connection[Any]) -> SingleConnection:
     return SingleConnection(conn)
 
+
+# MCP fixtures (gunicorn-served app, agents, npm tools) live in their own module.
+from tests.mcp_fixtures import (  # noqa: E402, F401
+    agent,
+    agent_factory,
+    conformance_server,
+    mcp_db,
+    mcp_server,
+    npm_tools,
+)

@@ -233,7 +233,7 @@ def test_every_committed_claim_is_charged_and_nothing_refunds(
 def test_takeover_is_not_blocked_by_its_own_lapsed_claim(
     conn: Connection[Any], endpoint: Endpoint, owner: Human
 ) -> None:
-    [todo] = add(conn, endpoint, lease_seconds=10)
+    add(conn, endpoint, lease_seconds=10)
     budget(conn, endpoint, owner, max_in_flight=1)
     assert isinstance(next_claim(conn, endpoint), Claimed)
     takeover = next_claim(conn, endpoint, now=T0 + timedelta(seconds=11))

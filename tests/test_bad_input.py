@@ -50,6 +50,10 @@ def create(conn: Connection[Any], endpoint: Endpoint, data: Any) -> Any:
         ({"queue": "q", "title": "t", "lease_seconds": 86401}, "lease_seconds"),
         ({"queue": "q", "title": "t", "body": "b" * 65537}, "body"),
         ({"queue": "q", "title": "t", "surprise": 1}, "surprise"),
+        ({"queue": "q", "title": "nul\x00"}, "title"),
+        ({"queue": "q", "title": "t", "body": "\x00"}, "body"),
+        ({"queue": "q", "title": "t", "payload": {"deep": ["ok", "n\x00l"]}}, "payload"),
+        ({"queue": "q", "title": "t", "payload": {"k\x00": 1}}, "payload"),
     ],
 )
 def test_bad_todo_fields_are_named_and_nothing_is_written(

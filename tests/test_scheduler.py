@@ -99,10 +99,11 @@ def test_ticks_sweep_only_in_the_leader(db: Database, clone_db: str) -> None:
     try:
         assert leader.acquire()
         assert tick(db, follower) == {}
-        assert tick(db, leader) == {"reap_expired": 1, "requeue_due_retries": 1}
-        assert tick(db, leader) == {"reap_expired": 0, "requeue_due_retries": 0}
+        idle = {"reap_expired": 0, "requeue_due_retries": 0, "prune_mcp_sessions": 0}
+        assert tick(db, leader) == {**idle, "reap_expired": 1, "requeue_due_retries": 1}
+        assert tick(db, leader) == idle
         later = datetime.now(UTC) + timedelta(days=1)
-        assert tick(db, leader, now=later) == {"reap_expired": 0, "requeue_due_retries": 0}
+        assert tick(db, leader, now=later) == idle
     finally:
         leader.release()
         follower.release()

@@ -170,7 +170,15 @@ def test_readyz_is_503_while_migrations_are_pending(tmp_path: Path, pg_server_ur
         from switchboard.db import migration_files
 
         app = create_app(
-            {"config": config.load({"DATABASE_URL": url, "SWITCHBOARD_DATA_DIR": str(tmp_path)})}
+            {
+                "config": config.load(
+                    {
+                        "DATABASE_URL": url,
+                        "SWITCHBOARD_DATA_DIR": str(tmp_path),
+                        "SWITCHBOARD_SCHEDULER": "off",
+                    }
+                )
+            }
         )
         client = app.test_client()
         response = client.get("/readyz")

@@ -423,3 +423,19 @@ def test_list_filters_and_keyset_pagination(conn: Connection[Any], endpoint: End
     assert [t.id for t in page2] == [t.id for t in reversed(made)][3:6]
     only_a = todos.list_(conn, endpoint_ids=[endpoint.id], queue="a", state="pending")
     assert {t.queue for t in only_a} == {"a"} and len(only_a) == 3
+
+
+def test_listing_for_a_queue_limited_grant_pages_fully(conn: Connection[Any], endpoint: Endpoint):
+    for i in range(6):
+        new_todo(conn, endpoint, "mine", now=T0 + timedelta(seconds=2 * i))
+        new_todo(conn, endpoint, "other", now=T0 + timedelta(seconds=2 * i + 1))
+    page = service.list_(conn, endpoint_id=endpoint.id, granted_queues=["mine"], limit=4)
+    assert len(page) == 4 and {t.queue for t in page} == {"mine"}
+    rest = service.list_(
+        conn,
+        endpoint_id=endpoint.id,
+        granted_queues=["mine"],
+        limit=4,
+        after=(page[-1].created_at, page[-1].id),
+    )
+    assert len(rest) == 2 and {t.queue for t in rest} == {"mine"}

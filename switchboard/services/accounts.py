@@ -119,6 +119,13 @@ def authenticate_grant(conn: Connection[Any], *, token: str) -> Grant | None:
     return accounts.authenticate_grant(conn, token_hash=tokens.hash_token(token))
 
 
+def authenticate_agent(conn: Connection[Any], *, token: str) -> tuple[Grant, str] | None:
+    """The live grant behind an ``sba_`` token and its endpoint's slug, or None."""
+    if not token.startswith(tokens.AGENT_PREFIX):
+        return None
+    return accounts.authenticate_agent(conn, token_hash=tokens.hash_token(token))
+
+
 def _check_queue_names(queues: Sequence[str]) -> None:
     bad = [q for q in queues if not isinstance(q, str) or not re.fullmatch(QUEUE_PATTERN, q)]
     if bad or not queues:

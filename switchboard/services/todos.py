@@ -339,12 +339,15 @@ def list_(
     """The agent's todos, newest first; a queue outside its grant lists nothing."""
     if queue is not None and granted_queues is not None and queue not in granted_queues:
         return []
-    rows = todos.list_(
-        conn, endpoint_ids=[endpoint_id], queue=queue, state=state, after=after, limit=limit
+    return todos.list_(
+        conn,
+        endpoint_ids=[endpoint_id],
+        queue=queue,
+        state=state,
+        queues=granted_queues,
+        after=after,
+        limit=limit,
     )
-    if granted_queues is None or queue is not None:
-        return rows
-    return [todo for todo in rows if todo.queue in granted_queues]
 
 
 def heartbeat(

@@ -7,7 +7,7 @@ from typing import Any
 from uuid import UUID
 
 from psycopg import Connection, errors
-from psycopg.rows import class_row
+from psycopg.rows import class_row, kwargs_row
 
 from switchboard.errors import Conflict, Invalid, NotFound
 from switchboard.models import ApiToken, Endpoint, Grant, Human
@@ -118,11 +118,19 @@ def get_endpoint(
     """An endpoint by slug or id, optionally only if owned by the human; raises NotFound."""
     with conn.cursor(row_factory=class_row(Endpoint)) as cur:
         row = cur.execute(
-            _Q["endpoint_get"], {"key": key, "owner_human_id": owner_human_id}
+            _Q["endpoint_get"],
+            {"key": key, "key_id": _uuid_or_none(key), "owner_human_id": owner_human_id},
         ).fetchone()
     if row is None:
         raise NotFound(f"endpoint {key!r} not found")
     return row
+
+
+def _uuid_or_none(key: str) -> UUID | None:
+    try:
+        return UUID(key)
+    except ValueError:
+        return None
 
 
 def list_endpoints(conn: Connection[Any], *, owner_human_id: UUID | None) -> list[Endpoint]:
@@ -166,6 +174,16 @@ def authenticate_grant(conn: Connection[Any], *, token_hash: bytes) -> Grant | N
     """The live grant behind an agent token, or None."""
     with conn.cursor(row_factory=class_row(Grant)) as cur:
         return cur.execute(_Q["grant_authenticate"], {"token_hash": token_hash}).fetchone()
+
+
+def authenticate_agent(conn: Connection[Any], *, token_hash: bytes) -> tuple[Grant, str] | None:
+    """The live grant behind an agent token and its endpoint's slug, or None."""
+    with conn.cursor(row_factory=kwargs_row(_grant_and_slug)) as cur:
+        return cur.execute(_Q["agent_authenticate"], {"token_hash": token_hash}).fetchone()
+
+
+def _grant_and_slug(*, endpoint_slug: str, **columns: Any) -> tuple[Grant, str]:
+    return Grant(**columns), endpoint_slug
 
 
 def list_grants(conn: Connection[Any], *, endpoint_id: UUID) -> list[Grant]:

@@ -38,9 +38,9 @@ VALUES (%(slug)s, %(display_name)s, %(owner_human_id)s, %(notify_url)s, %(notify
 RETURNING *
 
 -- name: endpoint_get
--- By id or slug: the scope strings of the API accept either.
+-- By id or slug: the scope strings of the API accept either (both indexed lookups).
 SELECT * FROM endpoints
-WHERE (slug = %(key)s OR id::text = %(key)s)
+WHERE (slug = %(key)s OR id = %(key_id)s)
   AND (%(owner_human_id)s::uuid IS NULL OR owner_human_id = %(owner_human_id)s)
 
 -- name: endpoint_list
@@ -59,6 +59,14 @@ RETURNING id, endpoint_id, verbs, queues, granted_by_human_id, created_at, revok
 -- name: grant_authenticate
 -- A live grant of an enabled endpoint, found by its token hash.
 SELECT g.id, g.endpoint_id, g.verbs, g.queues, g.granted_by_human_id, g.created_at, g.revoked_at
+FROM grants g JOIN endpoints e ON e.id = g.endpoint_id
+WHERE g.token_hash = %(token_hash)s AND g.revoked_at IS NULL AND e.disabled_at IS NULL
+
+-- name: agent_authenticate
+-- A live grant and its endpoint's slug: everything an MCP request needs to know about its
+-- caller, in one indexed lookup.
+SELECT g.id, g.endpoint_id, g.verbs, g.queues, g.granted_by_human_id, g.created_at,
+       g.revoked_at, e.slug AS endpoint_slug
 FROM grants g JOIN endpoints e ON e.id = g.endpoint_id
 WHERE g.token_hash = %(token_hash)s AND g.revoked_at IS NULL AND e.disabled_at IS NULL
 

@@ -157,10 +157,12 @@ def list_(
     endpoint_ids: Sequence[UUID],
     queue: str | None = None,
     state: str | None = None,
+    queues: Sequence[str] | None = None,
     after: tuple[datetime, UUID] | None = None,
     limit: int = 50,
 ) -> list[Todo]:
-    """Todos of the given endpoints, newest first, after the keyset ``(created_at, id)``."""
+    """Todos of the given endpoints (and of ``queues`` when given), newest first, after the
+    keyset ``(created_at, id)``."""
     with conn.cursor(row_factory=class_row(Todo)) as cur:
         cur.execute(
             _Q["list"],
@@ -168,6 +170,7 @@ def list_(
                 "endpoint_ids": list(endpoint_ids),
                 "queue": queue,
                 "state": state,
+                "queues": list(queues) if queues is not None else None,
                 "after_created_at": after[0] if after else None,
                 "after_id": after[1] if after else None,
                 "limit": limit,

@@ -29,6 +29,7 @@ SELECT * FROM todos WHERE id = %(id)s AND (%(endpoint_id)s::uuid IS NULL OR endp
 SELECT * FROM todos
 WHERE endpoint_id = ANY(%(endpoint_ids)s::uuid[])
   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
   AND (%(state)s::text IS NULL OR state = %(state)s)
   AND (%(after_created_at)s::timestamptz IS NULL
        OR (created_at, id) < (%(after_created_at)s, %(after_id)s::uuid))

@@ -1,14 +1,18 @@
-"""The one table from domain errors to HTTP statuses (and, later, JSON-RPC and board messages)."""
+"""The one table from domain errors to HTTP statuses, MCP outcomes (and, later, board messages)."""
 
 from __future__ import annotations
 
 import logging
+import math
+from datetime import UTC, datetime
 from typing import Any
 
 from flask import Flask, Response, jsonify
 from werkzeug.exceptions import HTTPException
 
 from switchboard import errors
+from switchboard.mcp.jsonrpc import INVALID_PARAMS, INVALID_REQUEST
+from switchboard.views.schemas import dump_deferred, jsonable
 
 HTTP_STATUS: dict[type[errors.SwitchboardError], int] = {
     errors.Invalid: 422,
@@ -39,13 +43,58 @@ def status_of(error: errors.SwitchboardError) -> int:
     return 400
 
 
+# MCP (R-MCP): inside ``tools/call`` every domain error is a tool result with ``isError: true``
+# whose structuredContent is ``tool_error(error)``. Outside a tool (authentication, the session)
+# it ends the request as a JSON-RPC error with this code and the HTTP status above.
+JSONRPC_CODE: dict[type[errors.SwitchboardError], int] = {errors.Invalid: INVALID_PARAMS}
+# Errors whose details are a deferred item (SPEC Appendix A).
+_DEFERRED_DETAILS = (errors.Deferred, errors.AdmissionUnavailable)
+
+
+def tool_error(error: errors.SwitchboardError) -> dict[str, Any]:
+    """The structuredContent of a failed tool call: ``{"error": {code, message, details?}}``."""
+    details = error.details
+    if isinstance(error, _DEFERRED_DETAILS) and "queue" in details:
+        details = dump_deferred(details)
+    return error_body(error.code, error.message, jsonable(details) or None)
+
+
+def jsonrpc_code_of(error: errors.SwitchboardError) -> int:
+    """The JSON-RPC error code for a domain error that ends an MCP request outside a tool."""
+    for cls in type(error).__mro__:
+        if cls in JSONRPC_CODE:
+            return JSONRPC_CODE[cls]
+    return INVALID_REQUEST
+
+
 def _domain(error: errors.SwitchboardError) -> tuple[Response, int]:
-    return jsonify(error_body(error.code, error.message, error.details)), status_of(error)
+    # The tool error's body is the wire shape: deferred details as in Appendix A, RFC 3339 times.
+    response = jsonify(tool_error(error))
+    seconds = retry_after(error)
+    if seconds is not None:
+        response.headers["Retry-After"] = str(seconds)
+    return response, status_of(error)
+
+
+def retry_after(error: errors.SwitchboardError, *, now: datetime | None = None) -> int | None:
+    """Whole seconds (rounded up) until a deferral's exact ``next_eligible_at``; None when the
+    error is not a deferral or its time is not exact (in_flight_full, paused)."""
+    if not isinstance(error, errors.Deferred) or not error.details.get("exact"):
+        return None
+    at = error.details.get("next_eligible_at")
+    if not isinstance(at, datetime):
+        return None
+    return max(0, math.ceil((at - (now or datetime.now(UTC))).total_seconds()))
 
 
 def _http(error: HTTPException) -> tuple[Response, int]:
     code = (error.name or "error").lower().replace(" ", "_")
-    return jsonify(error_body(code, error.description or error.name)), error.code or 500
+    response = jsonify(error_body(code, error.description or error.name))
+    # Keep the exception's own headers (405's Allow, RFC 9110), but not its HTML content type.
+    for name, value in error.get_headers():
+        if name.lower() != "content-type":
+            response.headers[name] = value
+    return response, error.code or 500
 
 
 def _unexpected(error: Exception) -> tuple[Response, int]:
