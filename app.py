@@ -13,7 +13,7 @@ from switchboard import extensions
 from switchboard.db import Database
 from switchboard.pgserver import EmbeddedPostgres
 from switchboard.scheduler import Scheduler
-from switchboard.views import errors, health, mcp
+from switchboard.views import api, errors, health, mcp
 
 MAX_CONTENT_LENGTH = 1024 * 1024  # request bodies above 1 MiB are refused with 413
 
@@ -37,6 +37,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.register_blueprint(health.bp)
     mcp.init_app(app)
     app.register_blueprint(mcp.bp)
+    app.register_blueprint(api.bp)
     if config.scheduler:
         _start_scheduler(db, config.tick_seconds)
     return app
