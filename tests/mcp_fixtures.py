@@ -29,7 +29,7 @@ from switchboard.verbs import BASIC_VERBS, DRAIN_VERBS
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-AGENT_VERBS = (*BASIC_VERBS, *(v for v in DRAIN_VERBS if v != "admission_status"))
+AGENT_VERBS = (*BASIC_VERBS, *DRAIN_VERBS)
 MODERN = "2026-07-28"
 LEGACY = "2025-11-25"
 ACCEPT = "application/json, text/event-stream"

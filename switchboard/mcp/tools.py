@@ -16,18 +16,23 @@ from marshmallow import Schema, fields, validate
 from psycopg import Connection
 
 from switchboard.admission import service as admission
+from switchboard.admission.service import PolicySchema as PolicyInputSchema
 from switchboard.errors import Forbidden, Invalid, NotFound
 from switchboard.mcp.registry import Call, tool
 from switchboard.models import TODO_STATES, Actor, Todo
 from switchboard.schemas import QUEUE_PATTERN, SLUG_PATTERN, FullMatch, NewTodoSchema
 from switchboard.services import todos
+from switchboard.store import accounts as accounts_store
 from switchboard.views.schemas import (
     DeferredItemSchema,
     HeadroomSchema,
+    PolicySchema,
+    QueueStatusSchema,
     TodoSchema,
     admission_block,
     dump_deferred,
     dump_headroom,
+    dump_queue_status,
     dump_todo,
 )
 
@@ -445,3 +450,127 @@ def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
         return at, UUID(id)
     except (ValueError, binascii.Error):  # UnicodeDecodeError is a ValueError
         raise Invalid({"after": ["not a cursor returned by list_todos"]}) from None
+
+
+# --- admission (SPEC §4-5) --------------------------------------------------------------------
+
+
+class AdmissionStatusArgs(Schema):
+    queue = fields.String(
+        validate=FullMatch(QUEUE_PATTERN),
+        metadata={"description": "one of your queues (default: every budgeted queue you drain)"},
+    )
+
+
+class AdmissionStatusResult(Schema):
+    queues = fields.List(
+        fields.Nested(QueueStatusSchema),
+        required=True,
+        metadata={"description": "budgeted queues only; a queue without a policy is not listed"},
+    )
+
+
+class SetPolicyArgs(Schema):
+    queue = fields.String(required=True, validate=FullMatch(QUEUE_PATTERN))
+    policy = fields.Nested(
+        PolicyInputSchema,
+        required=True,
+        metadata={"description": "a full replace: limits left out are unset"},
+    )
+
+
+class PolicyResult(Schema):
+    policy = fields.Nested(PolicySchema, required=True)
+
+
+class ClearPolicyArgs(Schema):
+    queue = fields.String(required=True, validate=FullMatch(QUEUE_PATTERN))
+
+
+class ClearedResult(Schema):
+    cleared = fields.Boolean(
+        required=True, metadata={"description": "false: the queue had no policy"}
+    )
+
+
+def _own_queue(call: Call, queue: str) -> None:
+    granted = call.agent.grant.queues
+    if granted is not None and queue not in granted:
+        raise Forbidden(f"this grant does not cover queue {queue!r}")
+
+
+@tool(
+    "admission_status",
+    title="Admission status",
+    description="Budgets of your queues now: limits, used and remaining in the current window, "
+    "in flight, whether work is deferred, why, and when it becomes eligible.",
+    input=AdmissionStatusArgs,
+    output=AdmissionStatusResult,
+    read_only=True,
+    verbs=("admission_status", "claim", "claim_next"),
+)
+def admission_status(call: Call) -> dict[str, Any]:
+    """Queue statuses of the grant's budgeted queues; raises Forbidden for another queue."""
+    grant, queue = call.agent.grant, call.args.get("queue")
+    if queue is not None:
+        _own_queue(call, queue)
+    with call.db.transaction() as conn:
+        statuses = admission.queue_statuses(
+            conn,
+            endpoint_ids=[grant.endpoint_id],
+            queues=[queue] if queue is not None else grant.queues,
+        )
+    return {"queues": [dump_queue_status(call.agent.endpoint, s) for s in statuses]}
+
+
+@tool(
+    "set_admission_policy",
+    title="Set a queue budget",
+    description="Create or replace the admission policy of one of your queues (this changes your "
+    "own budget; the change is audited with you and the human who granted your token).",
+    input=SetPolicyArgs,
+    output=PolicyResult,
+    idempotent=True,
+)
+def set_admission_policy(call: Call) -> dict[str, Any]:
+    """Put the policy (the operator API's service); raises Forbidden or Invalid."""
+    queue, grant = call.args["queue"], call.agent.grant
+    _own_queue(call, queue)
+    with call.db.transaction() as conn:
+        policy = admission.put_policy(
+            conn,
+            endpoint=accounts_store.get_endpoint(conn, key=str(grant.endpoint_id)),
+            queue=queue,
+            data=call.args["policy"],
+            actor_human_id=grant.granted_by_human_id,
+            actor_endpoint_id=grant.endpoint_id,
+        )
+    return {"policy": policy.as_json()}
+
+
+@tool(
+    "clear_admission_policy",
+    title="Clear a queue budget",
+    description="Remove the admission policy of one of your queues: claims run unbudgeted at "
+    "once. Audited like set_admission_policy.",
+    input=ClearPolicyArgs,
+    output=ClearedResult,
+    destructive=True,
+    idempotent=True,
+)
+def clear_admission_policy(call: Call) -> dict[str, Any]:
+    """Delete the policy; ``cleared: false`` when there was none. Raises Forbidden."""
+    queue, grant = call.args["queue"], call.agent.grant
+    _own_queue(call, queue)
+    try:
+        with call.db.transaction() as conn:
+            admission.delete_policy(
+                conn,
+                endpoint=accounts_store.get_endpoint(conn, key=str(grant.endpoint_id)),
+                queue=queue,
+                actor_human_id=grant.granted_by_human_id,
+                actor_endpoint_id=grant.endpoint_id,
+            )
+    except NotFound:
+        return {"cleared": False}
+    return {"cleared": True}

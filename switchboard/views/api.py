@@ -42,14 +42,13 @@ from switchboard.views.api_schemas import (
     NewOperatorTodoSchema,
     PageQuerySchema,
     PolicyDetailSchema,
-    QueueStatusSchema,
     QueueSummarySchema,
     ReleaseRequestSchema,
     TodoListQuerySchema,
     TodoPageSchema,
 )
 from switchboard.views.openapi import operation
-from switchboard.views.schemas import TodoSchema
+from switchboard.views.schemas import QueueStatusSchema, TodoSchema
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
 _OPENAPI_KEY = "switchboard.openapi"

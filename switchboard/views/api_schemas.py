@@ -9,12 +9,10 @@ envelope and the error shape. The OpenAPI document is generated from these same 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Any
 
 from marshmallow import Schema, fields, validate
 
-from switchboard.admission.service import QueueStatus, TodoAdmission
 from switchboard.models import TODO_STATES
 from switchboard.schemas import QUEUE_PATTERN, FullMatch, NewTodoSchema
 from switchboard.services.accounts import NewHuman
@@ -30,12 +28,16 @@ from switchboard.services.operator import (
 )
 from switchboard.verbs import ALL_VERBS, BASIC_VERBS
 from switchboard.views.schemas import (
-    DEFERRAL_REASONS,
     HeadroomSchema,
+    PolicySchema,
+    QueueStatusSchema,
     TodoSchema,
     UtcDateTime,
+    admission_block,
     dump_headroom,
+    dump_queue_status,
     dump_todo,
+    queue_status_data,
 )
 
 PAGE_LIMIT = 200
@@ -279,46 +281,6 @@ class EndpointFilterSchema(Schema):
     )
 
 
-class WindowSchema(Schema):
-    period = fields.String(required=True, validate=validate.OneOf(WINDOW_PERIODS))
-    tz = fields.String(required=True, metadata={"description": "IANA zone (embedded tzdata)"})
-    start = fields.String(required=True, metadata={"description": "HH:MM local wall time"})
-    weekday = fields.String(
-        required=True,
-        allow_none=True,
-        validate=validate.OneOf(WEEKDAYS),
-        metadata={"description": "week windows only"},
-    )
-
-
-class PolicySchema(Schema):
-    """A policy as read back (Appendix A); null limits are unset."""
-
-    max_in_flight = _int("claimed todos at once (0 pauses the queue)")
-    max_claims_per_window = _int("claims per window (0 pauses the queue)")
-    window = fields.Nested(WindowSchema, required=True, allow_none=True)
-
-
-class QueueStatusSchema(Schema):
-    """A budgeted queue's admission status now (Appendix A), derived at read time."""
-
-    endpoint = fields.String(required=True, metadata={"description": "the endpoint's slug"})
-    queue = fields.String(required=True)
-    policy = fields.Nested(PolicySchema, required=True)
-    status = fields.String(required=True, validate=validate.OneOf(("open", "deferred")))
-    reason = fields.String(
-        validate=validate.OneOf(DEFERRAL_REASONS), metadata={"description": "deferred only"}
-    )
-    in_flight = _int("claimed todos now")
-    used = _int("claims charged in the current window")
-    remaining = _int("claims left in the current window")
-    window_start = _time("start of the current window")
-    window_resets_at = _time("the next window boundary")
-    next_eligible_at = _time("when a deferred queue admits a claim again; null when unknown")
-    exact = fields.Boolean(required=True, metadata={"description": "next_eligible_at is exact"})
-    pending = fields.Integer(required=True, metadata={"description": "claimable todos waiting"})
-
-
 class WindowUsageSchema(Schema):
     window_start = _time("the window's start (its key)", nullable=False)
     used = fields.Integer(required=True)
@@ -377,7 +339,6 @@ _ENDPOINT = EndpointSchema()
 _NEW_ENDPOINT = NewEndpointResultSchema()
 _ENDPOINT_DETAIL = EndpointDetailSchema()
 _NEW_GRANT = NewGrantResultSchema()
-_STATUS = QueueStatusSchema()
 _DETAIL = PolicyDetailSchema()
 _SUMMARY = QueueSummarySchema()
 
@@ -387,22 +348,9 @@ def _dump(schema: Schema, data: Any) -> dict[str, Any]:
     return dumped
 
 
-def _block(admission: TodoAdmission | None) -> Mapping[str, Any] | None:
-    if admission is None:
-        return None
-    if not admission.deferred:
-        return {"deferred": False}
-    return {
-        "deferred": True,
-        "reason": admission.reason,
-        "next_eligible_at": admission.next_eligible_at,
-        "exact": admission.exact,
-    }
-
-
 def todo(view: TodoView) -> dict[str, Any]:
     """A todo with its admission block (pending todos of budgeted queues only)."""
-    return dump_todo(view.todo, endpoint=view.endpoint, admission=_block(view.admission))
+    return dump_todo(view.todo, endpoint=view.endpoint, admission=admission_block(view.admission))
 
 
 def todo_page(page: Page[TodoView]) -> dict[str, Any]:
@@ -458,34 +406,13 @@ def new_grant(view: GrantView) -> dict[str, Any]:
     )
 
 
-def _status_data(endpoint: str, status: QueueStatus) -> dict[str, Any]:
-    verdict = status.verdict
-    data: dict[str, Any] = {
-        "endpoint": endpoint,
-        "queue": status.queue,
-        "policy": verdict.policy.as_json(),
-        "status": "deferred" if verdict.deferred else "open",
-        "in_flight": verdict.in_flight,
-        "used": verdict.used,
-        "remaining": verdict.remaining,
-        "window_start": verdict.window_start,
-        "window_resets_at": verdict.window_resets_at,
-        "next_eligible_at": verdict.next_eligible_at,
-        "exact": verdict.exact,
-        "pending": status.pending,
-    }
-    if verdict.deferred:
-        data["reason"] = verdict.reason
-    return data
-
-
 def queue_status(view: StatusView) -> dict[str, Any]:
-    return _dump(_STATUS, _status_data(view.endpoint, view.status))
+    return dump_queue_status(view.endpoint, view.status)
 
 
 def policy_detail(detail: PolicyDetail) -> dict[str, Any]:
     record = detail.record
-    data = _status_data(detail.status.endpoint, detail.status.status)
+    data = queue_status_data(detail.status.endpoint, detail.status.status)
     data.update(
         id=record.id,
         created_at=record.created_at,
@@ -507,6 +434,6 @@ def queue_summary(view: QueueView) -> dict[str, Any]:
             "queue": summary.queue,
             "counts": counts,
             "oldest_pending_age_s": summary.oldest_pending_age_s,
-            "admission": None if status is None else _status_data(summary.endpoint, status),
+            "admission": None if status is None else queue_status_data(summary.endpoint, status),
         },
     )

@@ -14,6 +14,8 @@ from uuid import UUID
 
 from marshmallow import Schema, fields, validate
 
+from switchboard.admission.service import QueueStatus
+from switchboard.admission.windows import PERIODS, WEEKDAYS
 from switchboard.models import TODO_STATES, Todo
 
 DEFERRAL_REASONS = ("window_exhausted", "in_flight_full", "paused", "admission_unavailable")
@@ -50,6 +52,10 @@ def _time(description: str, *, nullable: bool = True, required: bool = True) -> 
     return UtcDateTime(
         allow_none=nullable, required=required, metadata={"description": description}
     )
+
+
+def _int(description: str) -> fields.Integer:
+    return fields.Integer(allow_none=True, required=True, metadata={"description": description})
 
 
 class AdmissionBlockSchema(Schema):
@@ -113,7 +119,48 @@ class DeferredItemSchema(Schema):
     exact = fields.Boolean(required=True)
 
 
+class WindowSchema(Schema):
+    period = fields.String(required=True, validate=validate.OneOf(PERIODS))
+    tz = fields.String(required=True, metadata={"description": "IANA zone (embedded tzdata)"})
+    start = fields.String(required=True, metadata={"description": "HH:MM local wall time"})
+    weekday = fields.String(
+        required=True,
+        allow_none=True,
+        validate=validate.OneOf(WEEKDAYS),
+        metadata={"description": "week windows only"},
+    )
+
+
+class PolicySchema(Schema):
+    """A policy as read back (Appendix A); null limits are unset."""
+
+    max_in_flight = _int("claimed todos at once (0 pauses the queue)")
+    max_claims_per_window = _int("claims per window (0 pauses the queue)")
+    window = fields.Nested(WindowSchema, required=True, allow_none=True)
+
+
+class QueueStatusSchema(Schema):
+    """A budgeted queue's admission status now (Appendix A), derived at read time."""
+
+    endpoint = fields.String(required=True, metadata={"description": "the endpoint's slug"})
+    queue = fields.String(required=True)
+    policy = fields.Nested(PolicySchema, required=True)
+    status = fields.String(required=True, validate=validate.OneOf(("open", "deferred")))
+    reason = fields.String(
+        validate=validate.OneOf(DEFERRAL_REASONS), metadata={"description": "deferred only"}
+    )
+    in_flight = _int("claimed todos now")
+    used = _int("claims charged in the current window")
+    remaining = _int("claims left in the current window")
+    window_start = _time("start of the current window")
+    window_resets_at = _time("the next window boundary")
+    next_eligible_at = _time("when a deferred queue admits a claim again; null when unknown")
+    exact = fields.Boolean(required=True, metadata={"description": "next_eligible_at is exact"})
+    pending = fields.Integer(required=True, metadata={"description": "claimable todos waiting"})
+
+
 _TODO = TodoSchema()
+_STATUS = QueueStatusSchema()
 _HEADROOM = HeadroomSchema()
 _DEFERRED = DeferredItemSchema()
 
@@ -155,4 +202,32 @@ def dump_headroom(headroom: Any) -> dict[str, Any]:
 def dump_deferred(item: Any) -> dict[str, Any]:
     """A deferred item (object or mapping with the Appendix A fields) in its wire shape."""
     dumped: dict[str, Any] = _DEFERRED.dump(item)
+    return dumped
+
+
+def queue_status_data(endpoint: str, status: QueueStatus) -> dict[str, Any]:
+    """The queue status (Appendix A) of an admission.service.QueueStatus, before dumping."""
+    verdict = status.verdict
+    data: dict[str, Any] = {
+        "endpoint": endpoint,
+        "queue": status.queue,
+        "policy": verdict.policy.as_json(),
+        "status": "deferred" if verdict.deferred else "open",
+        "in_flight": verdict.in_flight,
+        "used": verdict.used,
+        "remaining": verdict.remaining,
+        "window_start": verdict.window_start,
+        "window_resets_at": verdict.window_resets_at,
+        "next_eligible_at": verdict.next_eligible_at,
+        "exact": verdict.exact,
+        "pending": status.pending,
+    }
+    if verdict.deferred:
+        data["reason"] = verdict.reason
+    return data
+
+
+def dump_queue_status(endpoint: str, status: QueueStatus) -> dict[str, Any]:
+    """A queue's admission status in its wire shape; ``endpoint`` is the slug."""
+    dumped: dict[str, Any] = _STATUS.dump(queue_status_data(endpoint, status))
     return dumped
