@@ -160,6 +160,7 @@ class Fixture:
             "INSERT INTO humans (email) VALUES ('bench@localhost') RETURNING id"
         ).fetchone()
         assert row is not None
+        self.human_id: UUID = row[0]
         endpoint = self.conn.execute(
             "INSERT INTO endpoints (slug, owner_human_id, notify_secret)"
             " VALUES ('bench', %s, 'bench-secret') RETURNING id",
@@ -204,9 +205,21 @@ class Fixture:
             " lease_expires_at = NULL, claimed_by_endpoint_id = NULL, claimed_by_human_id = NULL,"
             " updated_at = created_at WHERE state <> 'pending'"
         )
-        self.conn.execute("TRUNCATE todo_attempts, events")
+        self.conn.execute("TRUNCATE todo_attempts, events, admission_windows")
         self.conn.execute("VACUUM ANALYZE todos")
         return time.perf_counter() - started
+
+    def budget(self, queues: Sequence[str]) -> None:
+        """Give ``queues`` a window limit that never refuses in a run (no policy: empty)."""
+        self.conn.execute(
+            "DELETE FROM admission_policies WHERE endpoint_id = %s", (self.endpoint_id,)
+        )
+        self.conn.execute(
+            "INSERT INTO admission_policies (endpoint_id, queue, max_claims_per_window,"
+            " window_period, window_tz, window_start, created_by_human_id, updated_by_human_id)"
+            " SELECT %s, unnest(%s::text[]), 1000000, 'day', 'UTC', '00:00', %s, %s",
+            (self.endpoint_id, list(queues), self.human_id, self.human_id),
+        )
 
     def claimed(self) -> int:
         row = self.conn.execute("SELECT count(*) FROM todos WHERE state = 'claimed'").fetchone()
@@ -570,6 +583,43 @@ def timed(
         )
 
 
+def budgeted(
+    cfg: Config,
+    url: str,
+    fixture: Fixture,
+    report: Report,
+    scenario: str,
+    queues: Sequence[str],
+    threads: Sequence[int],
+    target: float,
+) -> None:
+    """The claim service on the same queues without and with a policy that never refuses
+    (every claim takes the locked path and is charged), each run from the same reset state."""
+    for n in threads:
+        rates = {}
+        for label, policed in (("unbudgeted", ()), ("budgeted", queues)):
+            fixture.budget(policed)
+            fixture.reset()
+            asked = list(queues) if len(queues) == 1 else None
+            result = measure("store", url, fixture, n, Stop(seconds=cfg.seconds), asked)
+            rates[label] = result.rate
+            report.line(f"{scenario:<12} {label:<10} x{n}: {result.rate:8,.0f}/s")
+        fixture.budget(())
+        report.add(Row(scenario, "unbudgeted", n, f"timed {cfg.seconds:g} s", rates["unbudgeted"]))
+        report.add(
+            Row(
+                scenario,
+                "budgeted",
+                n,
+                f"timed {cfg.seconds:g} s",
+                rates["budgeted"],
+                rates["budgeted"] / rates["unbudgeted"],
+                "budgeted/unbudgeted",
+                target,
+            )
+        )
+
+
 def sustained(cfg: Config, url: str, fixture: Fixture, report: Report) -> None:
     fixture.reset()
     threads = cfg.threads[-1]
@@ -775,6 +825,7 @@ def bench(cfg: Config, url: str, fixture: Fixture, report: Report) -> None:
         timed(cfg, url, fixture, report, f"{big} timed", threads, [HOT_QUEUE], BREAKDOWN)
     sustained(cfg, url, fixture, report)
     explain(url, fixture, [HOT_QUEUE], "after the sustained run", report)
+    budgeted(cfg, url, fixture, report, f"budget {big}", [HOT_QUEUE], (1, 4, 16), 0.7)
     names = [f"q{i:02d}" for i in range(cfg.spread_queues)]
     report.line(
         f"seeded {cfg.big:,} pending over {cfg.spread_queues} queues in "
@@ -791,6 +842,16 @@ def bench(cfg: Config, url: str, fixture: Fixture, report: Report) -> None:
         f"{cfg.spread_queues}q {_size(cfg.big)}",
         cfg.spread_threads,
         None,
+    )
+    budgeted(
+        cfg,
+        url,
+        fixture,
+        report,
+        f"budget {cfg.spread_queues}q",
+        names,
+        (cfg.spread_threads,),
+        0.9,
     )
 
 

@@ -51,6 +51,13 @@ class Database:
             yield conn
 
     @contextmanager
+    def pipelined(self) -> Iterator[Connection[Any]]:
+        """A transaction in pipeline mode: BEGIN travels with the first statement, and COMMIT
+        with every statement whose result is read only after the block (one round trip)."""
+        with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
+            yield conn
+
+    @contextmanager
     def statement(self) -> Iterator[Connection[Any]]:
         """A connection in autocommit: each statement is its own transaction, one round trip.
         For work that is a single statement (the unbudgeted claim) or cannot run in a

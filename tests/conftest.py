@@ -142,7 +142,9 @@ class SingleConnection:
         with self.conn.transaction():
             yield self.conn
 
-    statement = transaction  # autocommit is impossible inside the test's transaction
+    # Autocommit and pipelines are impossible inside the test's transaction: savepoints stand in.
+    statement = transaction
+    pipelined = transaction
 
 
 @pytest.fixture

@@ -332,7 +332,8 @@ def test_no_policy_runs_one_statement_per_claim(
     conn: Connection[Any], endpoint: Endpoint, owner: Human
 ) -> None:
     """R-ZERO: an unbudgeted claim is today's one statement (after one pre-read has seen no
-    policy); a budgeted one adds the pre-read and the locked count-claim-charge statement."""
+    policy); a budgeted one adds the pre-read, the policy lock and the locked
+    count-claim-charge statement (the last two travel with COMMIT in one batch)."""
     add(conn, endpoint, "free", n=3)
     add(conn, endpoint, "budgeted", n=1)
     budget(conn, endpoint, owner, "budgeted", max_claims_per_window=5, window=NY_DAY)
@@ -357,7 +358,7 @@ def test_no_policy_runs_one_statement_per_claim(
     assert isinstance(second, Claimed) and second.headroom is None
     assert (first_count, second_count) == (2, 1)  # pre-read once, then the claim alone
     assert isinstance(budgeted, Claimed) and budgeted.headroom is not None
-    assert budgeted_count == 3
+    assert budgeted_count == 4
 
 
 def test_a_policy_created_after_the_no_policy_hint_still_binds(
@@ -525,3 +526,29 @@ def test_week_window_on_the_declared_weekday(
     assert isinstance(
         next_claim(conn, endpoint, now=datetime(2026, 3, 4, 9, 0, tzinfo=UTC)), Claimed
     )
+
+
+def test_a_window_redefined_between_candidate_and_lock_starts_over(
+    conn: Connection[Any], endpoint: Endpoint, owner: Human, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add(conn, endpoint, n=2)
+    budget(conn, endpoint, owner, max_claims_per_window=5, window=NY_DAY)
+    original = todos.claim_admitted
+    calls = []
+
+    def redefine_first(*args: Any, **kwargs: Any) -> Any:
+        if not calls:  # an owner moves the window while this claim holds its candidate
+            conn.execute("UPDATE admission_policies SET window_start = '06:00'")
+        calls.append(kwargs["window_start"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(todos, "claim_admitted", redefine_first)
+    claimed = next_claim(conn, endpoint, queues=["q"])
+    assert isinstance(claimed, Claimed) and claimed.headroom is not None
+    # First try: the 00:00 window (refused as stale); second: the 06:00 window, charged.
+    assert calls == [
+        datetime(2026, 3, 2, 5, 0, tzinfo=UTC),
+        datetime(2026, 3, 2, 11, 0, tzinfo=UTC),
+    ]
+    assert used(conn) == [(datetime(2026, 3, 2, 11, 0, tzinfo=UTC), 1)]
+    assert attempt_count(conn) == 1

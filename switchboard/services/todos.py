@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -98,35 +98,40 @@ class _Refused:
     verdict: Verdict
 
 
-class _PolicyFreeQueues:
-    """Which (endpoint, queue set) pairs had no admission policy a moment ago.
+_HintKey = tuple[UUID, tuple[str, ...] | None]
 
-    Only a hint: it lets an unbudgeted claim skip the pre-read and run as the single
-    autocommit statement it is. Correctness never depends on it — the claim statement itself
-    locks and checks the candidate queue's policy, and a policy found there sends the claim
-    down the full path.
+
+class _PreReadHints:
+    """What claim_next's pre-read found a moment ago, per (endpoint, queue set): ``"none"`` (no
+    policy: the claim can run as one autocommit statement) or ``"open"`` (policies, none of
+    them exhausted: nothing to exclude up front).
+
+    Only a hint. Correctness never depends on it — the claim statement locks and checks the
+    candidate queue's policy itself, and a refusal under that lock drops the hint — it only
+    spares the hot path a round trip per claim.
     """
 
     def __init__(self, ttl_seconds: float) -> None:
         self.ttl = ttl_seconds
-        self._until: dict[tuple[UUID, tuple[str, ...] | None], float] = {}
+        self._hints: dict[_HintKey, tuple[float, str]] = {}
         self._lock = threading.Lock()
 
-    def fresh(self, key: tuple[UUID, tuple[str, ...] | None]) -> bool:
+    def get(self, key: _HintKey) -> str | None:
         with self._lock:
-            return self._until.get(key, 0.0) > time.monotonic()
+            until, hint = self._hints.get(key, (0.0, ""))
+        return hint if until > time.monotonic() else None
 
-    def remember(self, key: tuple[UUID, tuple[str, ...] | None], policy_free: bool) -> None:
+    def remember(self, key: _HintKey, hint: str | None) -> None:
         with self._lock:
-            if policy_free:
-                if len(self._until) > 10_000:
-                    self._until.clear()
-                self._until[key] = time.monotonic() + self.ttl
-            else:
-                self._until.pop(key, None)
+            if hint is None:
+                self._hints.pop(key, None)
+                return
+            if len(self._hints) > 10_000:
+                self._hints.clear()
+            self._hints[key] = (time.monotonic() + self.ttl, hint)
 
 
-_POLICY_FREE = _PolicyFreeQueues(ttl_seconds=1.0)
+_HINTS = _PreReadHints(ttl_seconds=1.0)
 
 
 def claim_next(
@@ -158,19 +163,19 @@ def claim_next(
         now=now,
     )
     key = (endpoint_id, tuple(queues) if queues is not None else None)
-    if _POLICY_FREE.fresh(key):
+    hint = _HINTS.get(key)
+    if hint == "none":
         with db.statement() as conn:  # R-ZERO: today's one statement, one round trip
             found = claim(conn)
         if found is None or isinstance(found, Claim):
             return Claimed(found, None) if found else Idle([])
         # A policy appeared; the statement claimed nothing and its locks are gone.
-    with db.transaction() as conn:
-        states = admission_store.states(conn, endpoint_ids=[endpoint_id], queues=queues, now=now)
-    _POLICY_FREE.remember(key, policy_free=not states)
-    refused = {s.queue: v for s in states if (v := admission.evaluate(s, for_claim=True)).deferred}
+    refused: dict[str, Verdict] = {}
+    if hint != "open":
+        refused = _pre_read(db, key, queues, now)
     # Bounded: each pass returns, or refuses a queue not yet excluded (len(queues) at most).
     while True:
-        with db.transaction() as conn:
+        with db.pipelined() as conn:
             found = claim(conn, excluded=sorted(refused))
             if found is None:
                 return Idle(
@@ -178,10 +183,26 @@ def claim_next(
                         conn, endpoint_id=endpoint_id, verdicts=refused, now=now
                     )
                 )
-            outcome = _admit(conn, found, actor=actor, lease_seconds=lease_seconds)
+            admitted = _admit(conn, found, actor=actor, lease_seconds=lease_seconds)
+        outcome = admitted()  # after COMMIT
         if isinstance(outcome, Claimed):
             return outcome
+        _HINTS.remember(key, None)
+        if outcome is None:  # the window was redefined meanwhile: read the policies again
+            refused = _pre_read(db, key, queues, now)
+            continue
         refused[outcome.queue] = outcome.verdict
+
+
+def _pre_read(
+    db: Database, key: _HintKey, queues: Sequence[str] | None, now: datetime | None
+) -> dict[str, Verdict]:
+    """The queues to exclude up front (unlocked read of their policies), noting the hint."""
+    with db.statement() as conn:
+        states = admission_store.states(conn, endpoint_ids=[key[0]], queues=queues, now=now)
+    refused = {s.queue: v for s in states if (v := admission.evaluate(s, for_claim=True)).deferred}
+    _HINTS.remember(key, "none" if not states else None if refused else "open")
+    return refused
 
 
 def claim(
@@ -196,16 +217,19 @@ def claim(
 ) -> Claimed:
     """An agent claims one todo by id; raises NotFound, Conflict, Deferred or
     AdmissionUnavailable (nothing claimed, nothing charged)."""
-    with db.transaction() as conn:
-        return _claim_by_id(
-            conn,
-            id=id,
-            endpoint_id=endpoint_id,
-            queues=granted_queues,
-            actor=actor,
-            lease_seconds=lease_seconds,
-            now=now,
-        )
+    while True:  # again only if a window is redefined between candidate and lock
+        with db.pipelined() as conn:
+            admitted = _claim_by_id(
+                conn,
+                id=id,
+                endpoint_id=endpoint_id,
+                queues=granted_queues,
+                actor=actor,
+                lease_seconds=lease_seconds,
+                now=now,
+            )
+        if (outcome := admitted()) is not None:
+            return _claimed_or_raise(outcome)
 
 
 def claim_operator_owned(
@@ -218,17 +242,20 @@ def claim_operator_owned(
 ) -> Claimed:
     """The board's claim, by a human who owns the endpoint (or an admin); admission applies.
     Raises as :func:`claim` does."""
-    with db.transaction() as conn:
-        todo = operated_todo(conn, id=id, human=human)
-        return _claim_by_id(
-            conn,
-            id=id,
-            endpoint_id=todo.endpoint_id,
-            queues=None,
-            actor=Actor(human_id=human.id),
-            lease_seconds=lease_seconds,
-            now=now,
-        )
+    while True:  # again only if a window is redefined between candidate and lock
+        with db.pipelined() as conn:
+            todo = operated_todo(conn, id=id, human=human)
+            admitted = _claim_by_id(
+                conn,
+                id=id,
+                endpoint_id=todo.endpoint_id,
+                queues=None,
+                actor=Actor(human_id=human.id),
+                lease_seconds=lease_seconds,
+                now=now,
+            )
+        if (outcome := admitted()) is not None:
+            return _claimed_or_raise(outcome)
 
 
 def _claim_by_id(
@@ -240,7 +267,7 @@ def _claim_by_id(
     actor: Actor,
     lease_seconds: int | None,
     now: datetime | None,
-) -> Claimed:
+) -> Callable[[], Claimed | _Refused | None]:
     found = todos.claim_todo(
         conn,
         id=id,
@@ -252,22 +279,25 @@ def _claim_by_id(
         lease_seconds=lease_seconds,
         now=now,
     )
-    return _claimed_or_raise(_admit(conn, found, actor=actor, lease_seconds=lease_seconds))
+    return _admit(conn, found, actor=actor, lease_seconds=lease_seconds)
 
 
 def _admit(
     conn: Connection[Any], found: Claim | Candidate, *, actor: Actor, lease_seconds: int | None
-) -> Claimed | _Refused:
-    """Finish a claim: no policy was claimed already; a budgeted candidate is decided under
-    its locks and claimed and charged in one statement, or refused with nothing written."""
+) -> Callable[[], Claimed | _Refused | None]:
+    """Finish a claim; the returned function gives the outcome (read it after COMMIT). No
+    policy: claimed already. A budgeted candidate: decided under its locks, then claimed and
+    charged in one statement, or refused with nothing written."""
     if isinstance(found, Claim):
-        return Claimed(found, None)
+        claimed = Claimed(found, None)
+        return lambda: claimed
     policy = admission.policy_of(found.policy)
     verdict = admission.decide(
         policy, now=found.now, in_flight=None, used_in=(None, None), earliest_lease_expiry=None
     )
     if verdict.reason == admission.UNAVAILABLE:
-        return _Refused(found.queue, verdict)
+        refused = _Refused(found.queue, verdict)
+        return lambda: refused
     result = todos.claim_admitted(
         conn,
         candidate=found,
@@ -278,12 +308,23 @@ def _admit(
         lease_seconds=lease_seconds,
         now=found.now,
     )
+    return lambda: _admission_outcome(found, policy, verdict.window_start, result())
+
+
+def _admission_outcome(
+    found: Candidate, seen: admission.Policy, window_start: datetime | None, result: Any
+) -> Claimed | _Refused | None:
+    """The claim with its headroom, the refusal with the verdict read under the lock, or None
+    when the policy's window was redefined since the candidate was found (start over)."""
+    if result.refusal == "policy_changed":
+        return None
+    policy = admission.Policy(result.max_in_flight, result.max_claims_per_window, seen.window)
     if result.claim is None:
         refusal = admission.decide(
             policy,
             now=found.now,
             in_flight=result.in_flight,
-            used_in=(verdict.window_start, result.used_before),
+            used_in=(window_start, result.used_before),
             earliest_lease_expiry=result.earliest_lease_expiry,
         )
         return _Refused(found.queue, refusal)
@@ -291,7 +332,7 @@ def _admit(
         policy,
         now=found.now,
         in_flight=None if result.in_flight is None else result.in_flight + 1,
-        used_in=(verdict.window_start, result.used_after),
+        used_in=(window_start, result.used_after),
         earliest_lease_expiry=None,
     )
     return Claimed(result.claim, admission.headroom(after))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -64,11 +64,13 @@ class Admission:
     """The outcome of claim_admitted: a claim, or the refusal with what was read under lock."""
 
     claim: Claim | None
-    refusal: str | None
+    refusal: str | None  # also "policy_changed": the window was redefined; start over
     in_flight: int | None
     used_before: int | None
     used_after: int | None
     earliest_lease_expiry: datetime | None
+    max_in_flight: int | None  # the limits as they are under the lock
+    max_claims_per_window: int | None
 
 
 def _claim(columns: dict[str, Any]) -> Claim:
@@ -101,6 +103,8 @@ def _admission_row(**columns: Any) -> Admission:
         used_before=columns["used_before"],
         used_after=columns["used_after"],
         earliest_lease_expiry=columns["earliest_lease_expiry"],
+        max_in_flight=columns["current_max_in_flight"],
+        max_claims_per_window=columns["current_max_claims"],
     )
 
 
@@ -263,30 +267,43 @@ def claim_admitted(
     actor: str,
     lease_seconds: int | None = None,
     now: datetime | None = None,
-) -> Admission:
-    """Under the candidate's and policy's locks: count, then claim and charge, or refuse."""
+) -> Callable[[], Admission]:
+    """Lock the candidate's policy, then count, claim and charge, or refuse (R-ADMIT).
+
+    Both statements are sent now; the returned function reads the outcome. In a pipelined
+    transaction read it after the block: the lock, the decision and COMMIT then travel in one
+    batch, so the policy lock is never held across a client round trip.
+    """
     policy = candidate.policy
-    with conn.cursor(row_factory=kwargs_row(_admission_row)) as cur:
-        cur.execute(
-            _CLAIM_ADMITTED,
-            {
-                "id": candidate.id,
-                "endpoint_id": candidate.endpoint_id,
-                "queue": candidate.queue,
-                "policy_id": policy.id,
-                "max_in_flight": policy.max_in_flight,
-                "max_claims_per_window": policy.max_claims_per_window,
-                "window_start": window_start,
-                "lease_seconds": lease_seconds,
-                "claimant_endpoint_id": claimant_endpoint_id,
-                "claimant_human_id": claimant_human_id,
-                "actor": actor,
-                "now": now,
-            },
-        )
+    conn.execute(_Q["policy_lock"], {"policy_id": policy.id})
+    cur = conn.cursor(row_factory=kwargs_row(_admission_row))
+    cur.execute(
+        _CLAIM_ADMITTED,
+        {
+            "id": candidate.id,
+            "endpoint_id": candidate.endpoint_id,
+            "queue": candidate.queue,
+            "policy_id": policy.id,
+            "period": policy.window_period,
+            "tz": policy.window_tz,
+            "hhmm": policy.window_start,
+            "weekday": policy.window_weekday,
+            "window_start": window_start,
+            "lease_seconds": lease_seconds,
+            "claimant_endpoint_id": claimant_endpoint_id,
+            "claimant_human_id": claimant_human_id,
+            "actor": actor,
+            "now": now,
+        },
+    )
+
+    def outcome() -> Admission:
         row = cur.fetchone()
-    assert row is not None
-    return row
+        cur.close()
+        assert row is not None
+        return row
+
+    return outcome
 
 
 def heartbeat(

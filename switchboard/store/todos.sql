@@ -127,14 +127,13 @@ WITH clock AS (
 
 -- name: admit
 -- Admission gate of claim_next and claim_todo (R-ADMIT, R-ZERO). After the candidate row is
--- locked, its queue's policy row is locked too. No policy — the common case — is one index
--- probe returning no row, and the candidate is claimed in this same statement. With a policy
--- nothing is claimed here: the statement returns the locked candidate and policy, and the
--- caller decides under that lock (claim_admitted).
+-- locked, its queue's policy is probed. No policy — the common case — is one index probe
+-- returning no row, and the candidate is claimed in this same statement. With a policy
+-- nothing is claimed here: the statement returns the locked candidate and the policy, and the
+-- caller locks the policy and decides (policy_lock, claim_admitted).
 , pol AS (
     SELECT p.* FROM admission_policies p, found
     WHERE p.endpoint_id = found.endpoint_id AND p.queue = found.queue
-    FOR UPDATE OF p
 ), cand AS (
     SELECT found.* FROM found WHERE NOT EXISTS (SELECT 1 FROM pol)
 )
@@ -191,17 +190,30 @@ CROSS JOIN clock
 LEFT JOIN pol ON true
 LEFT JOIN claimed c ON true
 
+-- name: policy_lock
+-- Sent in one pipeline batch with claim_admitted and COMMIT: the policy row lock serializes
+-- admissions of one queue, the next statement's snapshot is taken once the lock is held, and
+-- no client round trip happens while it is held.
+SELECT 1 FROM admission_policies WHERE id = %(policy_id)s FOR UPDATE
+
 -- name: claim_admitted
--- The budgeted half of a claim, run after the candidate and its policy row are locked: read
+-- The budgeted half of a claim, under the candidate's and the policy's locks: read the policy,
 -- in-flight (excluding the candidate: a takeover replaces its own lapsed claim) and the
 -- window's usage in this statement's fresh snapshot, then claim and charge one unit only if
--- neither limit is reached (R-ADMIT, R-CHARGE). Window arithmetic happened in Python:
--- %(window_start)s is NULL for a policy without a window limit.
+-- no limit is reached (R-ADMIT, R-CHARGE). Window arithmetic happened in Python from the
+-- policy as the candidate saw it: a window redefined since then is refused as
+-- policy_changed, and the caller starts over. %(window_start)s is NULL without a window.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), pol AS (
+    SELECT p.max_in_flight, p.max_claims_per_window,
+           (p.window_period, p.window_tz, p.window_start, p.window_weekday)
+           IS NOT DISTINCT FROM (%(period)s::text, %(tz)s::text, %(hhmm)s::text, %(weekday)s::text)
+           AS same_window
+    FROM admission_policies p WHERE p.id = %(policy_id)s
 ), usage AS (
     SELECT
-        CASE WHEN %(max_in_flight)s::int IS NOT NULL THEN (
+        CASE WHEN (SELECT max_in_flight FROM pol) IS NOT NULL THEN (
             SELECT count(*) FROM todos t
             WHERE t.endpoint_id = %(endpoint_id)s AND t.queue = %(queue)s
               AND t.state = 'claimed' AND t.id <> %(id)s) END AS in_flight,
@@ -209,13 +221,14 @@ WITH clock AS (
             SELECT w.used FROM admission_windows w
             WHERE w.policy_id = %(policy_id)s AND w.window_start = %(window_start)s), 0) END AS used
 ), verdict AS (
-    SELECT usage.*,
+    SELECT usage.*, pol.max_in_flight, pol.max_claims_per_window,
         CASE
-            WHEN %(max_in_flight)s::int = 0 OR %(max_claims_per_window)s::int = 0 THEN 'paused'
-            WHEN usage.in_flight >= %(max_in_flight)s::int THEN 'in_flight_full'
-            WHEN usage.used >= %(max_claims_per_window)s::int THEN 'window_exhausted'
+            WHEN pol.same_window IS NOT TRUE THEN 'policy_changed'
+            WHEN pol.max_in_flight = 0 OR pol.max_claims_per_window = 0 THEN 'paused'
+            WHEN usage.in_flight >= pol.max_in_flight THEN 'in_flight_full'
+            WHEN usage.used >= pol.max_claims_per_window THEN 'window_exhausted'
         END AS refusal
-    FROM usage
+    FROM usage LEFT JOIN pol ON true
 ), found AS (
     SELECT t.id, t.endpoint_id, t.queue, t.state AS prior_state, t.attempt AS prior_attempt,
            t.retry_at AS prior_retry_at
@@ -232,6 +245,8 @@ WITH clock AS (
     RETURNING w.used
 )
 SELECT c.*, verdict.refusal, verdict.in_flight, verdict.used AS used_before,
+       verdict.max_in_flight AS current_max_in_flight,
+       verdict.max_claims_per_window AS current_max_claims,
        (SELECT used FROM charged) AS used_after,
        CASE WHEN verdict.refusal = 'in_flight_full' THEN (
            SELECT min(t.lease_expires_at) FROM todos t
