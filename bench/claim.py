@@ -893,8 +893,10 @@ def print_summary(cfg: Config, report: Report) -> None:
 
 NOTES = """
 how each figure is computed (every method: N threads, one connection each, counted on commit):
-  store       todos.claim_next in db.transaction() from a db.Database pool of N connections
-              (pool check + BEGIN + claim + COMMIT, typed Claim row)
+  store       the claim path agents take: services.todos.claim_next on a db.Database pool of
+              N connections (unbudgeted: one autocommit statement once a pre-read saw no
+              policy; budgeted: BEGIN+claim, then policy lock + count/claim/charge + COMMIT in
+              one pipelined batch), typed Claim row
   raw         the statement todos.claim_next sends (recorded: same SQL text, same parameters),
               via conn.execute on an autocommit connection (implicit transaction, tuple rows)
   store-conn  todos.claim_next in conn.transaction() on a dedicated connection (no pool)

@@ -83,25 +83,28 @@ WITH clock AS (
                 ORDER BY t.created_at, t.id LIMIT 1 FOR UPDATE SKIP LOCKED) p
             UNION ALL
             SELECT * FROM (
-                -- Lapsed leases: found through idx_todos_claimed_endpoint_queue (see heads), then
-                -- locked one at a time, oldest first.
-                SELECT t.* FROM todos t JOIN (
-                    SELECT t.id, t.created_at FROM todos t
-                    WHERE (t.endpoint_id, t.queue) = (h.ep, h.name) AND t.state = 'claimed'
-                      AND t.lease_expires_at < clock.now
-                    ORDER BY t.lease_expires_at OFFSET 0) lapsed ON lapsed.id = t.id
-                WHERE todo_claimable(t, clock.now)
-                ORDER BY lapsed.created_at, t.id LIMIT 1 FOR UPDATE OF t SKIP LOCKED) l
+                -- Lapsed leases, found through idx_todos_claimed_endpoint_queue (see heads),
+                -- then fetched by primary key (= ANY: no join for the planner to turn into a
+                -- scan) and locked one at a time, oldest first.
+                SELECT t.* FROM todos t
+                WHERE t.id = ANY(ARRAY(
+                    SELECT x.id FROM todos x
+                    WHERE (x.endpoint_id, x.queue) = (h.ep, h.name) AND x.state = 'claimed'
+                      AND x.lease_expires_at < clock.now
+                    ORDER BY x.lease_expires_at))
+                  AND todo_claimable(t, clock.now)
+                ORDER BY t.created_at, t.id LIMIT 1 FOR UPDATE OF t SKIP LOCKED) l
             UNION ALL
             SELECT * FROM (
                 -- Due retries, likewise through idx_todos_retry_due.
-                SELECT t.* FROM todos t JOIN (
-                    SELECT t.id, t.created_at FROM todos t
-                    WHERE (t.endpoint_id, t.queue) = (h.ep, h.name) AND t.state = 'retry_wait'
-                      AND t.retry_at <= clock.now
-                    ORDER BY t.retry_at OFFSET 0) due ON due.id = t.id
-                WHERE todo_claimable(t, clock.now)
-                ORDER BY due.created_at, t.id LIMIT 1 FOR UPDATE OF t SKIP LOCKED) r
+                SELECT t.* FROM todos t
+                WHERE t.id = ANY(ARRAY(
+                    SELECT x.id FROM todos x
+                    WHERE (x.endpoint_id, x.queue) = (h.ep, h.name) AND x.state = 'retry_wait'
+                      AND x.retry_at <= clock.now
+                    ORDER BY x.retry_at))
+                  AND todo_claimable(t, clock.now)
+                ORDER BY t.created_at, t.id LIMIT 1 FOR UPDATE OF t SKIP LOCKED) r
         ) x ORDER BY x.created_at, x.id LIMIT 1
     ) c
     ORDER BY h.head, h.name
