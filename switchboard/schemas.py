@@ -30,17 +30,19 @@ class FullMatch(validate.Validator):
 
 def no_nul(value: Any) -> None:
     """PostgreSQL text and jsonb cannot hold NUL: refuse it anywhere in the value."""
-    if _has_nul(value):
+    if has_nul(value):
         raise ValidationError("must not contain NUL characters")
 
 
-def _has_nul(value: Any) -> bool:
+def has_nul(value: Any) -> bool:
+    """Whether a string anywhere in the JSON value (keys included) holds U+0000, which
+    PostgreSQL text and jsonb cannot store."""
     if isinstance(value, str):
         return "\x00" in value
     if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+        return any(has_nul(key) or has_nul(item) for key, item in value.items())
     if isinstance(value, list):
-        return any(_has_nul(item) for item in value)
+        return any(has_nul(item) for item in value)
     return False
 
 

@@ -22,7 +22,7 @@ from switchboard.mcp.jsonschema import schema_to_jsonschema
 from switchboard.mcp.security import OriginPolicy, host_name, origin_of
 from switchboard.mcp.streams import KEEP_ALIVE, OPENED, Streams, Target, frame
 from switchboard.models import Endpoint, Human
-from switchboard.schemas import QUEUE_PATTERN, FullMatch, NewTodoSchema
+from switchboard.schemas import QUEUE_PATTERN, FullMatch, NewTodoSchema, has_nul
 from switchboard.services import accounts as account_service
 from switchboard.store import mcp_sessions
 from switchboard.verbs import ALL_VERBS
@@ -425,5 +425,5 @@ def test_lone_surrogates_are_parse_errors_and_pairs_are_text() -> None:
         with pytest.raises(RpcError) as caught:
             jsonrpc.decode(body)
         assert caught.value.code == -32700
-    assert jsonrpc.has_nul({"k": ["a\x00"]}) and jsonrpc.has_nul({"\x00": 1})
-    assert not jsonrpc.has_nul({"k": ["a", 1, None]})
+    assert has_nul({"k": ["a\x00"]}) and has_nul({"\x00": 1})
+    assert not has_nul({"k": ["a", 1, None]})

@@ -100,18 +100,6 @@ def decode(body: bytes) -> Any:
     return value
 
 
-def has_nul(value: Any) -> bool:
-    """Whether a string anywhere in the JSON value (keys included) holds U+0000, which
-    PostgreSQL text and jsonb cannot store."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(has_nul(key) or has_nul(item) for key, item in value.items())
-    if isinstance(value, list):
-        return any(has_nul(item) for item in value)
-    return False
-
-
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 

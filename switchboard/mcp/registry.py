@@ -22,9 +22,8 @@ from marshmallow import Schema
 from switchboard.db import Database
 from switchboard.errors import Forbidden, Invalid, SwitchboardError
 from switchboard.mcp.auth import Agent
-from switchboard.mcp.jsonrpc import has_nul
 from switchboard.mcp.jsonschema import schema_to_jsonschema
-from switchboard.schemas import load
+from switchboard.schemas import has_nul, load
 from switchboard.services.todos import TodoDefaults
 from switchboard.views.errors import tool_error
 

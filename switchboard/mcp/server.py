@@ -31,6 +31,7 @@ from switchboard.mcp.jsonrpc import (
 )
 from switchboard.mcp.security import OriginPolicy
 from switchboard.mcp.streams import Stream, Streams, Target
+from switchboard.schemas import has_nul
 from switchboard.services import accounts
 from switchboard.services.todos import TodoDefaults
 from switchboard.store.mcp_sessions import McpSession
@@ -197,7 +198,7 @@ class McpServer:
                 INVALID_PARAMS, "Invalid params: clientInfo and capabilities are objects"
             )
             return HttpReply(200, error.answering(request.id).body())
-        if jsonrpc.has_nul(info) or jsonrpc.has_nul(capabilities):
+        if has_nul(info) or has_nul(capabilities):
             error = RpcError(INVALID_PARAMS, "Invalid params: text holds NUL (U+0000)")
             return HttpReply(200, error.answering(request.id).body())
         version = protocol.negotiate(params.get("protocolVersion"))
