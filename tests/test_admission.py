@@ -529,26 +529,46 @@ def test_week_window_on_the_declared_weekday(
 
 
 def test_a_window_redefined_between_candidate_and_lock_starts_over(
-    conn: Connection[Any], endpoint: Endpoint, owner: Human, monkeypatch: pytest.MonkeyPatch
+    clone_db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    add(conn, endpoint, n=2)
-    budget(conn, endpoint, owner, max_claims_per_window=5, window=NY_DAY)
+    from switchboard.db import Database
+    from tests.conftest import make_endpoint, make_human
+
+    with psycopg.connect(clone_db) as setup:
+        owner = make_human(setup)
+        endpoint = make_endpoint(setup, owner)
+        add(setup, endpoint, n=2)
+        budget(setup, endpoint, owner, max_claims_per_window=5, window=NY_DAY)
     original = todos.claim_admitted
     calls = []
 
     def redefine_first(*args: Any, **kwargs: Any) -> Any:
         if not calls:  # an owner moves the window while this claim holds its candidate
-            conn.execute("UPDATE admission_policies SET window_start = '06:00'")
+            with psycopg.connect(clone_db, autocommit=True) as other:
+                other.execute("UPDATE admission_policies SET window_start = '06:00'")
         calls.append(kwargs["window_start"])
         return original(*args, **kwargs)
 
     monkeypatch.setattr(todos, "claim_admitted", redefine_first)
-    claimed = next_claim(conn, endpoint, queues=["q"])
+    db = Database(clone_db, min_size=1, max_size=2)
+    db.open(wait=True)
+    try:
+        claimed = service.claim_next(
+            db,
+            endpoint_id=endpoint.id,
+            granted_queues=None,
+            asked_queues=["q"],
+            actor=Actor(endpoint_id=endpoint.id),
+            now=T0,
+        )
+    finally:
+        db.close()
     assert isinstance(claimed, Claimed) and claimed.headroom is not None
-    # First try: the 00:00 window (refused as stale); second: the 06:00 window, charged.
+    # First try: the 00:00 window (refused as stale, rolled back); then 06:00, charged.
     assert calls == [
         datetime(2026, 3, 2, 5, 0, tzinfo=UTC),
         datetime(2026, 3, 2, 11, 0, tzinfo=UTC),
     ]
-    assert used(conn) == [(datetime(2026, 3, 2, 11, 0, tzinfo=UTC), 1)]
-    assert attempt_count(conn) == 1
+    with psycopg.connect(clone_db) as check:
+        assert used(check) == [(datetime(2026, 3, 2, 11, 0, tzinfo=UTC), 1)]
+        assert attempt_count(check) == 1
