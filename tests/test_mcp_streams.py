@@ -28,14 +28,23 @@ from tests.mcp_fixtures import (
 KEEPALIVE = b": keep-alive\n\n"
 
 
-def open_get_stream(rpc: Rpc) -> requests.Response:
+def open_get_stream(rpc: Rpc, *, patience: float = 5.0) -> requests.Response:
+    """The session's GET stream. A worker whose stream slots are all taken answers 503 with
+    Retry-After (streams of earlier clients free their slot about a second after hang-up on
+    this shared server), so retry like a client would, for at most ``patience`` seconds."""
     assert rpc.agent is not None
-    return requests.get(
-        rpc.url,
-        headers={**rpc.agent.headers, **rpc.session_headers(), "Accept": "text/event-stream"},
-        stream=True,
-        timeout=(5, 5),
-    )
+    deadline = time.monotonic() + patience
+    while True:
+        response = requests.get(
+            rpc.url,
+            headers={**rpc.agent.headers, **rpc.session_headers(), "Accept": "text/event-stream"},
+            stream=True,
+            timeout=(5, 5),
+        )
+        if response.status_code != 503 or time.monotonic() > deadline:
+            return response
+        response.close()
+        time.sleep(0.2)
 
 
 def open_listen_stream(url: str, agent: Agent, listen_id: Any) -> requests.Response:
@@ -152,7 +161,7 @@ def test_streams_are_bounded_and_hold_no_connection_while_idle(
         assert first.status_code == 200
         received = chunks(first)
         next(received)
-        over = open_get_stream(rpc)
+        over = open_get_stream(rpc, patience=0)
         assert over.status_code == 503
         assert over.headers["Retry-After"] == "5"
         assert over.json()["error"]["code"] == -32603
@@ -166,7 +175,7 @@ def test_streams_are_bounded_and_hold_no_connection_while_idle(
     # The client hung up: the idle stream notices within a second and frees its slot.
     deadline = time.monotonic() + 3
     while True:
-        again = open_get_stream(rpc)
+        again = open_get_stream(rpc, patience=0)
         if again.status_code == 200:
             again.close()
             break
