@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import signal
 import socket
 import statistics
@@ -39,9 +38,8 @@ from urllib.parse import urlsplit
 
 import psycopg
 import requests
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
+from bench.claim import bench_database, server
 from switchboard import db
 from switchboard.models import Actor
 from switchboard.services import accounts, todos
@@ -92,37 +90,6 @@ def parse_args(argv: list[str] | None = None) -> Options:
 
 
 # --- database and server ------------------------------------------------------------------
-
-
-@contextmanager
-def postgres(url: str | None) -> Iterator[str]:
-    """The admin URL: the one given, or an embedded PostgreSQL stopped on exit."""
-    if url:
-        yield url
-        return
-    from switchboard.pgserver import EmbeddedPostgres
-
-    with tempfile.TemporaryDirectory(prefix="sb-benchmcp-") as tmp:
-        embedded = EmbeddedPostgres(Path(tmp))
-        try:
-            yield embedded.start()
-        finally:
-            embedded.stop()
-
-
-@contextmanager
-def bench_database(admin_url: str) -> Iterator[str]:
-    """A fresh, migrated database, dropped on exit."""
-    name = f"sb_benchmcp_{secrets.token_hex(4)}"
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        url = make_conninfo(admin_url, dbname=name)
-        db.migrate(url)
-        yield url
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 @dataclass(frozen=True)
@@ -370,7 +337,7 @@ def line(name: str, tally: Tally, seconds: float, reference: float | None) -> st
 
 def main(argv: list[str] | None = None) -> int:
     options = parse_args(argv)
-    with postgres(options.database_url) as admin, bench_database(admin) as url:
+    with server(options.database_url) as admin, bench_database(admin) as url:
         seeded = seed(url, options.pending)
         print(
             f"MCP claim_next: {options.pending:,} pending todos in one queue, "

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 from werkzeug.test import TestResponse
@@ -109,3 +110,27 @@ def error(response: TestResponse) -> dict[str, Any]:
     assert isinstance(body, dict) and set(body) == {"error"}, body
     assert {"code", "message"} <= set(body["error"]) <= {"code", "message", "details"}
     return body["error"]
+
+
+# Fixtures shared by the API test modules (imported there by name).
+
+
+@pytest.fixture(scope="module")
+def app(module_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flask]:
+    with running_app(module_db, tmp_path_factory.mktemp("api")) as app:
+        yield app
+
+
+@pytest.fixture
+def alice(app: Flask) -> Operator:
+    return Operator(app.test_client(), new_token(app))
+
+
+@pytest.fixture
+def bob(app: Flask) -> Operator:
+    return Operator(app.test_client(), new_token(app))
+
+
+@pytest.fixture
+def slug(alice: Operator) -> str:
+    return str(alice.endpoint()["slug"])

@@ -153,6 +153,8 @@ def db_conn(conn: Connection[Any]) -> SingleConnection:
 
 
 # MCP fixtures (gunicorn-served app, agents, npm tools) live in their own module.
+# Operator API fixtures (a module-scoped app, two operators, an endpoint) for test_api_*.
+from tests.api_support import alice, app, bob, slug  # noqa: E402, F401
 from tests.mcp_fixtures import (  # noqa: E402, F401
     agent,
     agent_factory,

@@ -4,7 +4,6 @@ admission routes, and admission on the operator's claim (429 with Retry-After, 5
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -12,7 +11,12 @@ from flask import Flask
 
 from switchboard.errors import AdmissionUnavailable, Deferred
 from switchboard.views.errors import retry_after
-from tests.api_support import Operator, error, new_token, running_app, sql
+from tests.api_support import (
+    Operator,
+    error,
+    new_token,
+    sql,
+)
 
 WEEKLY = {
     "max_in_flight": None,
@@ -33,27 +37,6 @@ STATUS_KEYS = {
     "exact",
     "pending",
 }
-
-
-@pytest.fixture(scope="module")
-def app(module_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flask]:
-    with running_app(module_db, tmp_path_factory.mktemp("api")) as app:
-        yield app
-
-
-@pytest.fixture
-def alice(app: Flask) -> Operator:
-    return Operator(app.test_client(), new_token(app))
-
-
-@pytest.fixture
-def bob(app: Flask) -> Operator:
-    return Operator(app.test_client(), new_token(app))
-
-
-@pytest.fixture
-def slug(alice: Operator) -> str:
-    return str(alice.endpoint()["slug"])
 
 
 def audit_rows(app: Flask, slug: str) -> list[str]:

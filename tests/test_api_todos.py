@@ -4,12 +4,16 @@ operator's claim, complete, fail and release; queue summaries."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from flask import Flask
 
-from tests.api_support import Operator, error, new_token, running_app, sql
+from tests.api_support import (
+    Operator,
+    error,
+    new_token,
+    sql,
+)
 
 TODO_KEYS = {
     "id",
@@ -31,27 +35,6 @@ TODO_KEYS = {
     "updated_at",
     "finished_at",
 }
-
-
-@pytest.fixture(scope="module")
-def app(module_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flask]:
-    with running_app(module_db, tmp_path_factory.mktemp("api")) as app:
-        yield app
-
-
-@pytest.fixture
-def alice(app: Flask) -> Operator:
-    return Operator(app.test_client(), new_token(app))
-
-
-@pytest.fixture
-def bob(app: Flask) -> Operator:
-    return Operator(app.test_client(), new_token(app))
-
-
-@pytest.fixture
-def slug(alice: Operator) -> str:
-    return str(alice.endpoint()["slug"])
 
 
 def test_create_and_show_a_todo(alice: Operator, slug: str) -> None:
