@@ -75,15 +75,6 @@ def authenticate_api_token(conn: Connection[Any], *, token_hash: bytes) -> Human
         return cur.execute(_Q["api_token_authenticate"], {"token_hash": token_hash}).fetchone()
 
 
-def revoke_api_token(conn: Connection[Any], *, id: UUID, human_id: UUID) -> ApiToken:
-    """Revoke one of the human's own tokens; raises NotFound."""
-    with conn.cursor(row_factory=class_row(ApiToken)) as cur:
-        row = cur.execute(_Q["api_token_revoke"], {"id": id, "human_id": human_id}).fetchone()
-    if row is None:
-        raise NotFound(f"api token {id} not found")
-    return row
-
-
 def create_endpoint(
     conn: Connection[Any],
     *,

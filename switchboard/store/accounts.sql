@@ -27,11 +27,6 @@ WITH token AS (
 )
 SELECT h.* FROM humans h JOIN token ON token.human_id = h.id
 
--- name: api_token_revoke
-UPDATE api_tokens SET revoked_at = now()
-WHERE id = %(id)s AND human_id = %(human_id)s AND revoked_at IS NULL
-RETURNING id, human_id, name, created_at, last_used_at, revoked_at
-
 -- name: endpoint_create
 INSERT INTO endpoints (slug, display_name, owner_human_id, notify_url, notify_secret)
 VALUES (%(slug)s, %(display_name)s, %(owner_human_id)s, %(notify_url)s, %(notify_secret)s)
