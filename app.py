@@ -9,8 +9,9 @@ from typing import Any
 from flask import Flask
 
 from switchboard import config as configmod
-from switchboard import extensions
+from switchboard import doorbells, extensions, sweeps
 from switchboard.db import Database
+from switchboard.mcp.streams import Streams
 from switchboard.pgserver import EmbeddedPostgres
 from switchboard.scheduler import Scheduler
 from switchboard.views import api, errors, health, mcp
@@ -38,9 +39,22 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     mcp.init_app(app)
     app.register_blueprint(mcp.bp)
     app.register_blueprint(api.bp)
+    doorbells.configure(keepalive_seconds=config.mcp_keepalive_seconds)
+    sweeps.configure(
+        tick_seconds=config.tick_seconds, bell_repeat_seconds=config.bell_repeat_seconds
+    )
+    if config.doorbells:
+        _start_bell(db, mcp.streams_of(app))
     if config.scheduler:
         _start_scheduler(db, config.tick_seconds)
     return app
+
+
+def _start_bell(db: Database, streams: Streams) -> None:
+    """Listen for doorbells in this process: pay owed rings, wake this process's streams."""
+    bell = doorbells.Bell(db, wake=streams.wake)
+    bell.start()
+    atexit.register(bell.stop)
 
 
 def _start_scheduler(db: Database, tick_seconds: int) -> None:

@@ -13,7 +13,8 @@
 CREATE TABLE todo_ready_outbox (
     endpoint_id  uuid NOT NULL REFERENCES endpoints(id) ON DELETE CASCADE,
     queue        text NOT NULL,
-    cause        text NOT NULL CHECK (cause IN ('create','release','retry','lapse','heartbeat')),
+    cause        text NOT NULL
+                 CHECK (cause IN ('create','release','retry','lapse','heartbeat','reopen')),
     requested_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (endpoint_id, queue)
 );

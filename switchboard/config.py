@@ -43,6 +43,10 @@ class Config:
     mcp_max_streams: int = 4
     scheduler: bool = True  # SWITCHBOARD_SCHEDULER=off: this replica never leads the sweeps
     tick_seconds: int = 30
+    # SWITCHBOARD_DOORBELLS=off: this process neither listens for nor pays doorbells (tools).
+    doorbells: bool = True
+    # Waiting work left unclaimed this long is rung again by the heartbeat sweep.
+    bell_repeat_seconds: int = 300
 
     @property
     def embedded(self) -> bool:
@@ -189,4 +193,6 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         mcp_max_streams=_int(env, "SWITCHBOARD_MCP_STREAMS", max(1, threads // 2), 0, 256),
         scheduler=_switch(env, "SWITCHBOARD_SCHEDULER", True),
         tick_seconds=_int(env, "SWITCHBOARD_TICK_SECONDS", 30, 1, 3600),
+        doorbells=_switch(env, "SWITCHBOARD_DOORBELLS", True),
+        bell_repeat_seconds=_int(env, "SWITCHBOARD_BELL_REPEAT_SECONDS", 300, 10, 86400),
     )

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from switchboard import sweeps
+from switchboard import doorbells, sweeps
 from switchboard.db import Database
 
 log = logging.getLogger(__name__)
@@ -29,6 +29,14 @@ SWEEPS: dict[str, Sweep] = {
     "reap_expired": lambda db, now: sweeps.reap_expired(db, now=now),
     "requeue_due_retries": lambda db, now: sweeps.requeue_due_retries(db, now=now),
     "prune_mcp_sessions": lambda db, now: sweeps.prune_mcp_sessions(db, now=now),
+    # Doorbells (SPEC §7). Every process's bell pays owed rings at once; these are the tick's
+    # share: lapsed leases and unclaimed work owe rings, deferred queues that opened ring once,
+    # and whatever a dead process left owed or undelivered is paid.
+    "doorbell_heartbeat": lambda db, now: sweeps.doorbell_heartbeat(db, now=now),
+    "admission_reopen": lambda db, now: doorbells.reopen(db, now=now),
+    "doorbell_dispatch": lambda db, now: doorbells.dispatch(db, now=now).rung,
+    "notify_hooks": lambda db, now: doorbells.deliver_due(db, now=now).delivered,
+    "prune_presence": lambda db, now: doorbells.prune_presence(db, now=now),
 }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+from switchboard import doorbells
 from switchboard.db import Database
 from switchboard.store import maintenance, mcp_sessions, todos
 
@@ -40,6 +41,24 @@ def _until_done(db: Database, batch: Callable[..., int], now: datetime | None) -
         total += done
         if done == 0:
             return total
+
+
+# The heartbeat sweep: leases that lapsed since the last tick (two ticks back: a late tick
+# misses none) owe a ring, and so does work left unclaimed and unrung for the repeat interval.
+LAPSE_LOOKBACK = timedelta(seconds=60)
+BELL_REPEAT = timedelta(minutes=5)
+
+
+def configure(*, tick_seconds: int, bell_repeat_seconds: int) -> None:
+    """Set the heartbeat sweep's intervals from the process's configuration."""
+    global LAPSE_LOOKBACK, BELL_REPEAT
+    LAPSE_LOOKBACK = timedelta(seconds=2 * tick_seconds)
+    BELL_REPEAT = timedelta(seconds=bell_repeat_seconds)
+
+
+def doorbell_heartbeat(db: Database, *, now: datetime | None = None) -> int:
+    """Owe rings for lapsed leases and long-unclaimed work; returns the new debts."""
+    return doorbells.heartbeat(db, now=now, lapsed_since=LAPSE_LOOKBACK, repeat=BELL_REPEAT)
 
 
 VACUUM_THRESHOLD = 2000  # dead row versions; a few pages' worth at the front of the index

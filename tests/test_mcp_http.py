@@ -76,7 +76,7 @@ def test_not_jsonrpc_2_is_an_invalid_request(
 
 def test_unknown_method_is_method_not_found(mcp_server: Served, agent: Agent) -> None:
     rpc = session_rpc(mcp_server, agent)
-    legacy = rpc.request("resources/list")
+    legacy = rpc.request("prompts/list")  # no prompts here
     assert legacy.status_code == 200  # legacy: an answer in the session, not a transport error
     assert error_of(legacy)["code"] == -32601
     modern = rpc.modern("frobnicate/now", id="m")
@@ -164,7 +164,10 @@ def test_initialize_negotiates_and_2025_03_26_has_no_structured_output(
     unknown = rpc_for(mcp_server, agent)
     assert unknown.initialize("1999-01-01").json()["result"]["protocolVersion"] == LEGACY
     result = unknown.initialize(LEGACY).json()["result"]
-    assert result["capabilities"] == {"tools": {"listChanged": False}}
+    assert result["capabilities"] == {
+        "tools": {"listChanged": False},
+        "resources": {"subscribe": True, "listChanged": False},
+    }
     assert result["serverInfo"]["name"] == "switchboard" and result["serverInfo"]["version"]
     old = session_rpc(mcp_server, agent, "2025-03-26")
     tools = old.request("tools/list").json()["result"]["tools"]

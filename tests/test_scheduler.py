@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from switchboard.db import Database
-from switchboard.scheduler import Leadership, tick
+from switchboard.scheduler import SWEEPS, Leadership, tick
 from tests.conftest import make_endpoint, make_human
 
 
@@ -95,15 +95,25 @@ def test_ticks_sweep_only_in_the_leader(db: Database, clone_db: str) -> None:
             " (%(e)s, 'q', 'due', 'retry_wait', 1, 3, NULL, NULL, now() - interval '1 second')",
             {"e": endpoint.id},
         )
+        conn.execute("INSERT INTO queues (endpoint_id, name) VALUES (%s, 'q')", (endpoint.id,))
     leader, follower = Leadership(clone_db), Leadership(clone_db)
     try:
         assert leader.acquire()
         assert tick(db, follower) == {}
-        idle = {"reap_expired": 0, "requeue_due_retries": 0, "prune_mcp_sessions": 0}
-        assert tick(db, leader) == {**idle, "reap_expired": 1, "requeue_due_retries": 1}
+        idle = dict.fromkeys(SWEEPS, 0)
+        # The requeued retry is new claimable work: its doorbell is paid in the same tick.
+        assert tick(db, leader) == {
+            **idle,
+            "reap_expired": 1,
+            "requeue_due_retries": 1,
+            "doorbell_dispatch": 1,
+        }
         assert tick(db, leader) == idle
+        # A day on, that work still waits unclaimed: the heartbeat sweep rings it again, once.
         later = datetime.now(UTC) + timedelta(days=1)
-        assert tick(db, leader, now=later) == idle
+        again = {**idle, "doorbell_heartbeat": 1, "doorbell_dispatch": 1}
+        assert tick(db, leader, now=later) == again
+        assert tick(db, leader, now=later + timedelta(seconds=1)) == idle
     finally:
         leader.release()
         follower.release()

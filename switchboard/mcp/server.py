@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 
 from switchboard import errors
 from switchboard.db import Database
-from switchboard.mcp import auth, jsonrpc, protocol, registry, sessions
+from switchboard.mcp import auth, jsonrpc, protocol, registry, resources, sessions
 from switchboard.mcp import tools as _tools  # noqa: F401  (registers the tools)
 from switchboard.mcp.auth import Agent
 from switchboard.mcp.jsonrpc import (
@@ -30,10 +31,12 @@ from switchboard.mcp.jsonrpc import (
     RpcError,
 )
 from switchboard.mcp.security import OriginPolicy
-from switchboard.mcp.streams import Stream, Streams, Target
+from switchboard.mcp.streams import Feed, Stream, Streams, Target
 from switchboard.schemas import has_nul
 from switchboard.services import accounts
 from switchboard.services.todos import TodoDefaults
+from switchboard.store import doorbells as doorbell_store
+from switchboard.store import mcp_sessions
 from switchboard.store.mcp_sessions import McpSession
 from switchboard.views.errors import jsonrpc_code_of, status_of
 
@@ -49,6 +52,11 @@ TOOLS_TTL_MS = 60_000  # a grant's tools never change while it lives
 MAX_BATCH = 100  # messages in one 2025-03-26 batch
 SSE_HEADERS = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"}
 RETRY_AFTER_SECONDS = "5"
+CAPABILITIES = {
+    "tools": {"listChanged": False},
+    "resources": {"subscribe": True, "listChanged": False},
+}
+MAX_SUBSCRIPTIONS = 1000  # resource subscriptions per legacy session
 
 
 @dataclass(frozen=True)
@@ -184,6 +192,10 @@ class McpServer:
             return {"tools": self._tools(context.agent, structured=structured)}
         if request.method == "tools/call":
             return self._call_tool(context.agent, request.params, structured=structured)
+        if request.method in ("resources/list", "resources/read", "resources/templates/list"):
+            return self._resources(context.agent, request)
+        if request.method in ("resources/subscribe", "resources/unsubscribe"):
+            return self._subscribe(context, request)
         if request.method == "initialize":
             raise RpcError(INVALID_REQUEST, "Invalid Request: initialize is sent alone")
         raise RpcError(METHOD_NOT_FOUND, f"Method not found: {request.method}")
@@ -215,7 +227,7 @@ class McpServer:
             del server_info["title"]  # Implementation.title arrived in 2025-06-18
         result = {
             "protocolVersion": version,
-            "capabilities": {"tools": {"listChanged": False}},
+            "capabilities": CAPABILITIES,
             "serverInfo": server_info,
             "instructions": INSTRUCTIONS,
         }
@@ -248,7 +260,7 @@ class McpServer:
         if method == "server/discover":
             result: dict[str, Any] = {
                 "supportedVersions": list(protocol.MODERN_VERSIONS),
-                "capabilities": {"tools": {"listChanged": False}},
+                "capabilities": CAPABILITIES,
                 "instructions": INSTRUCTIONS,
                 "ttlMs": 0,
                 "cacheScope": "private",
@@ -261,6 +273,9 @@ class McpServer:
             }
         elif method == "tools/call":
             result = self._call_tool(agent, call.params, structured=True)
+        elif method in ("resources/list", "resources/read", "resources/templates/list"):
+            # A queue's status changes with every claim: nothing here may be cached.
+            result = {**self._resources(agent, call), "ttlMs": 0, "cacheScope": "private"}
         elif method == "subscriptions/listen":
             return self._listen(request, agent, call)
         else:  # initialize, ping, logging/setLevel, resources/subscribe … are gone in 2026
@@ -276,14 +291,22 @@ class McpServer:
             raise RpcError(
                 INVALID_REQUEST, "Not Acceptable: subscriptions/listen is an SSE stream", status=406
             )
-        if not isinstance(call.params.get("notifications", {}), dict):
+        wanted = call.params.get("notifications", {})
+        if not isinstance(wanted, dict):
             raise RpcError(INVALID_PARAMS, "Invalid params: notifications must be an object")
+        uris = wanted.get("resourceSubscriptions") or []
+        if not isinstance(uris, list):
+            raise RpcError(INVALID_PARAMS, "Invalid params: resourceSubscriptions is a list")
+        # Honoured: this grant's queue resources (lists never change: those flags are dropped).
+        honoured = resources.honoured(agent, uris[:MAX_SUBSCRIPTIONS])
         tag = {protocol.SUBSCRIPTION_ID_KEY: call.id}
-        # Nothing is subscribable yet (doorbells arrive with R-BELL): the honoured set is empty.
         ack = {
             "jsonrpc": "2.0",
             "method": "notifications/subscriptions/acknowledged",
-            "params": {"_meta": tag, "notifications": {}},
+            "params": {
+                "_meta": tag,
+                "notifications": {"resourceSubscriptions": honoured} if honoured else {},
+            },
         }
         token = agent.token
 
@@ -297,6 +320,7 @@ class McpServer:
             head=[ack],
             tail=call.result({"resultType": "complete", "_meta": tag}),
             gone=request.client_gone,
+            feed=self._attach(agent, None, "listen", lambda conn: honoured),
         )
         return HttpReply(200, headers=dict(SSE_HEADERS), stream=stream)
 
@@ -323,6 +347,59 @@ class McpServer:
         )
         return registry.result_content(content, is_error=is_error, with_structure=structured)
 
+    # --- resources and doorbells (R-BELL) ---------------------------------------------------------
+
+    def _resources(self, agent: Agent, call: Request) -> dict[str, Any]:
+        if call.method == "resources/templates/list":
+            return {"resourceTemplates": []}
+        with self.db.transaction() as conn:
+            if call.method == "resources/list":
+                return {"resources": resources.listing(conn, agent)}
+            return resources.read(conn, agent, call.params.get("uri"))
+
+    def _subscribe(self, context: _Legacy, call: Request) -> dict[str, Any]:
+        uri = call.params.get("uri")
+        resources.resolve(context.agent, uri)  # raises for a URI that is not the grant's
+        assert isinstance(uri, str)
+        with self.db.transaction() as conn:
+            if call.method == "resources/unsubscribe":
+                mcp_sessions.unsubscribe(conn, id=context.session.id, uri=uri)
+            elif not mcp_sessions.subscribe(
+                conn, id=context.session.id, uri=uri, cap=MAX_SUBSCRIPTIONS
+            ):
+                raise RpcError(
+                    INVALID_PARAMS,
+                    f"Invalid params: a session holds at most {MAX_SUBSCRIPTIONS} subscriptions",
+                )
+        return {}
+
+    def _attach(
+        self,
+        agent: Agent,
+        session_id: Any,
+        era: str,
+        subscribed: Callable[[psycopg.Connection[Any]], list[str]],
+        *,
+        client_name: str = "",
+    ) -> Feed:
+        """Record the stream's presence (the endpoint now has an agent attached)."""
+        with self.db.transaction() as conn:
+            presence_id, opened_at = doorbell_store.stream_open(
+                conn,
+                endpoint_id=agent.grant.endpoint_id,
+                grant_id=agent.grant.id,
+                session_id=session_id,
+                era=era,
+                client_name=client_name,
+            )
+        return Feed(
+            endpoint_id=agent.grant.endpoint_id,
+            presence_id=presence_id,
+            opened_at=opened_at,
+            subscribed=subscribed,
+            touch_every=timedelta(seconds=self.streams.keepalive / 2),
+        )
+
     # --- GET and DELETE (legacy) --------------------------------------------------------------
 
     def _get(self, request: HttpRequest) -> HttpReply:
@@ -339,11 +416,16 @@ class McpServer:
         def live(conn: psycopg.Connection[Any]) -> bool:
             return sessions.is_live(conn, id=session_id)
 
+        def subscribed(conn: psycopg.Connection[Any]) -> list[str]:
+            return mcp_sessions.subscriptions(conn, id=session_id)
+
         grant = agent.grant
+        name = str(session.client_info.get("name", ""))[:200]
         stream = self.streams.open(
             Target(grant.id, grant.endpoint_id, session_id=session_id),
             live=live,
             gone=request.client_gone,
+            feed=self._attach(agent, session_id, "legacy", subscribed, client_name=name),
         )
         return HttpReply(200, headers=dict(SSE_HEADERS), stream=stream)
 

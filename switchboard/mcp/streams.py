@@ -2,7 +2,7 @@
 
 A stream holds a worker thread but no database connection while it waits: every keep-alive
 interval it borrows a connection for one short transaction that checks it may go on and
-collects the notifications due to it (``pending_notifications``, the doorbell seam). Streams
+collects the doorbells due to it (its :class:`Feed`; a ring elsewhere wakes it at once). Streams
 per worker are bounded, so they can never take every thread from the claim path; over the
 bound a request gets 503. A stream ends when its session ends or its grant is revoked (within
 one interval; at once when the session is deleted on this worker), or when the client goes,
@@ -18,6 +18,7 @@ import time
 import weakref
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -25,8 +26,10 @@ import psycopg
 from psycopg import Connection
 
 from switchboard.db import Database
+from switchboard.mcp import resources
 from switchboard.mcp.jsonrpc import INTERNAL_ERROR, RpcError
 from switchboard.mcp.protocol import SUBSCRIPTION_ID_KEY
+from switchboard.store import doorbells as doorbell_store
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +69,60 @@ def _at_thread_exit(callback: Callable[[], None]) -> None:
     register(callback)
 
 
-def pending_notifications(conn: Connection[Any], target: Target) -> list[dict[str, Any]]:
-    """The JSON-RPC notifications due to a stream now. The doorbell seam (R-BELL): nothing
-    rings yet, so streams carry keep-alives only."""
-    return []
+class Feed:
+    """The doorbells of one stream (R-BELL): rings of its endpoint after it opened, as
+    ``notifications/resources/updated`` for the URIs it subscribed to. Its presence row says the
+    endpoint has an agent attached; it is touched while the stream lives and removed after."""
+
+    OVERLAP = timedelta(seconds=5)  # ring ids may commit out of order: read a little back
+
+    def __init__(
+        self,
+        *,
+        endpoint_id: UUID,
+        presence_id: UUID,
+        opened_at: datetime,
+        subscribed: Callable[[Connection[Any]], list[str]],
+        touch_every: timedelta,
+    ) -> None:
+        self.endpoint_id = endpoint_id
+        self.presence_id = presence_id
+        self.subscribed = subscribed
+        self.touch_every = touch_every
+        self._since = opened_at
+        self._touched = time.monotonic()
+        self._seen: dict[int, datetime] = {}
+        self._detached = threading.Event()
+
+    def due(self, conn: Connection[Any]) -> list[dict[str, Any]]:
+        """The notifications of rings not yet delivered (and keep presence fresh)."""
+        if time.monotonic() - self._touched >= self.touch_every.total_seconds():
+            doorbell_store.stream_touch(conn, id=self.presence_id)
+            self._touched = time.monotonic()
+        rings = doorbell_store.rings_since(
+            conn, endpoint_id=self.endpoint_id, since=self._since - self.OVERLAP
+        )
+        fresh = [ring for ring in rings if ring.id not in self._seen]
+        if not fresh:
+            return []
+        for ring in fresh:
+            self._seen[ring.id] = ring.rung_at
+        self._since = max(self._since, *(ring.rung_at for ring in fresh))
+        horizon = self._since - self.OVERLAP
+        self._seen = {id: at for id, at in self._seen.items() if at > horizon}
+        return resources.notifications(fresh, self.subscribed(conn))
+
+    def detach(self, db: Database) -> None:
+        """Remove the presence row, once (best effort: the prune sweep forgets a dead
+        process's)."""
+        if self._detached.is_set():
+            return
+        self._detached.set()
+        try:
+            with db.transaction() as conn:
+                doorbell_store.stream_close(conn, id=self.presence_id)
+        except psycopg.Error as exc:
+            log.warning("could not remove a stream's presence row: %s", exc)
 
 
 def frame(message: dict[str, Any]) -> bytes:
@@ -148,12 +201,15 @@ class Streams:
         head: list[dict[str, Any]] | None = None,
         tail: dict[str, Any] | None = None,
         gone: Callable[[], bool] | None = None,
+        feed: Feed | None = None,
     ) -> Stream:
         """Open a stream: ``head`` first, then notifications and keep-alives while ``live``
         says so, then ``tail``. ``gone`` (cheap, no I/O wait) tells that the client hung up,
         so its slot comes back within a second instead of at the next failed write.
         Raises RpcError (503, Retry-After) when the worker's streams are all taken."""
         if self._closing.is_set() or self.limit <= 0 or not self._semaphore.acquire(False):
+            if feed is not None:
+                feed.detach(self.db)
             raise RpcError(
                 INTERNAL_ERROR,
                 f"Service Unavailable: this worker already holds {self.limit} open streams; "
@@ -163,9 +219,15 @@ class Streams:
             )
         slot = _Slot(self._semaphore)
         body = self._run(
-            target, live=live, head=head or [], tail=tail, slot=slot, gone=gone or _never
+            target, live=live, head=head or [], tail=tail, slot=slot, gone=gone or _never, feed=feed
         )
-        return Stream(body=body, on_close=slot.release)
+
+        def on_close() -> None:
+            slot.release()
+            if feed is not None:
+                feed.detach(self.db)
+
+        return Stream(body=body, on_close=on_close)
 
     def wake(self, key: Hashable) -> None:
         """Make this worker's streams registered under ``key`` check their state now."""
@@ -183,6 +245,7 @@ class Streams:
         tail: dict[str, Any] | None,
         slot: _Slot,
         gone: Callable[[], bool],
+        feed: Feed | None,
     ) -> Iterator[bytes]:
         event = threading.Event()
         self._register(target.keys, event)
@@ -191,7 +254,7 @@ class Streams:
             while True:
                 if not self._idle(event, gone):
                     return  # the client hung up: nobody to tell
-                due = None if self._closing.is_set() else self._check(target, live)
+                due = None if self._closing.is_set() else self._check(live, feed)
                 if due is None:
                     if tail is not None:
                         yield frame(tail)
@@ -200,6 +263,8 @@ class Streams:
         finally:
             self._unregister(target.keys, event)
             slot.release()
+            if feed is not None:
+                feed.detach(self.db)
 
     def _idle(self, event: threading.Event, gone: Callable[[], bool]) -> bool:
         """Wait one keep-alive interval, or less if woken; False when the client hung up."""
@@ -213,14 +278,14 @@ class Streams:
         return True
 
     def _check(
-        self, target: Target, live: Callable[[Connection[Any]], bool]
+        self, live: Callable[[Connection[Any]], bool], feed: Feed | None
     ) -> list[dict[str, Any]] | None:
         """The notifications due now, or None when the stream must end."""
         try:
             with self.db.transaction() as conn:
                 if not live(conn):
                     return None
-                return pending_notifications(conn, target)
+                return feed.due(conn) if feed is not None else []
         except psycopg.OperationalError as exc:
             # The database is gone (restart, pool timeout): end the stream; clients reconnect.
             log.warning("ending an MCP stream: database unavailable: %s", exc)

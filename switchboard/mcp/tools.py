@@ -15,6 +15,7 @@ from uuid import UUID
 from marshmallow import Schema, fields, validate
 from psycopg import Connection
 
+from switchboard import doorbells
 from switchboard.admission import service as admission
 from switchboard.admission.service import PolicySchema as PolicyInputSchema
 from switchboard.errors import Forbidden, Invalid, NotFound
@@ -545,6 +546,7 @@ def set_admission_policy(call: Call) -> dict[str, Any]:
             actor_human_id=grant.granted_by_human_id,
             actor_endpoint_id=grant.endpoint_id,
         )
+        doorbells.policy_written(conn, endpoint_id=grant.endpoint_id, queue=queue)
     return {"policy": policy.as_json()}
 
 
@@ -571,6 +573,7 @@ def clear_admission_policy(call: Call) -> dict[str, Any]:
                 actor_human_id=grant.granted_by_human_id,
                 actor_endpoint_id=grant.endpoint_id,
             )
+            doorbells.policy_written(conn, endpoint_id=grant.endpoint_id, queue=queue, cleared=True)
     except NotFound:
         return {"cleared": False}
     return {"cleared": True}

@@ -19,6 +19,7 @@ from uuid import UUID
 
 from psycopg import Connection
 
+from switchboard import doorbells
 from switchboard.admission import service as admission
 from switchboard.admission.service import Headroom, QueueStatus, TodoAdmission
 from switchboard.db import Database
@@ -408,6 +409,7 @@ def put_policy(
     NotFound for the scope, or Invalid naming each bad field with nothing written."""
     found = scope_endpoint(conn, human=human, scope=scope)
     admission.put_policy(conn, endpoint=found, queue=queue, data=data, actor_human_id=human.id)
+    doorbells.policy_written(conn, endpoint_id=found.id, queue=queue)
     return policy_detail(conn, human=human, scope=scope, queue=queue)
 
 
@@ -415,3 +417,4 @@ def delete_policy(conn: Connection[Any], *, human: Human, scope: str, queue: str
     """Remove a queue's policy, keeping its audit; raises NotFound (scope or policy)."""
     found = scope_endpoint(conn, human=human, scope=scope)
     admission.delete_policy(conn, endpoint=found, queue=queue, actor_human_id=human.id)
+    doorbells.policy_written(conn, endpoint_id=found.id, queue=queue, cleared=True)

@@ -16,6 +16,7 @@ from uuid import UUID
 
 from psycopg import Connection
 
+from switchboard import doorbells
 from switchboard.admission import service as admission
 from switchboard.admission.service import DeferredQueue, Headroom, Verdict
 from switchboard.db import Database
@@ -24,6 +25,7 @@ from switchboard.models import Actor, Claim, Human, Todo
 from switchboard.schemas import NewTodoSchema, load
 from switchboard.store import accounts, todos
 from switchboard.store import admission as admission_store
+from switchboard.store.doorbells import CREATE
 from switchboard.store.todos import Candidate
 
 __all__ = ["Claimed", "DeferredQueue", "Headroom", "Idle", "TodoDefaults"]
@@ -50,7 +52,7 @@ def create(
 ) -> Todo:
     """Validate and insert a pending todo; raises Invalid naming the bad field."""
     fields = load(_NEW_TODO, data)
-    return todos.create(
+    todo = todos.create(
         conn,
         endpoint_id=endpoint_id,
         queue=fields["queue"],
@@ -64,6 +66,8 @@ def create(
         actor=actor.label,
         now=now,
     )
+    doorbells.owe(conn, endpoint_id=endpoint_id, queue=todo.queue, cause=CREATE, now=now)
+    return todo
 
 
 def drainable_queues(
@@ -178,11 +182,11 @@ def claim_next(
         with db.pipelined() as conn:
             found = claim(conn, excluded=sorted(refused))
             if found is None:
-                return Idle(
-                    admission.deferred_items(
-                        conn, endpoint_id=endpoint_id, verdicts=refused, now=now
-                    )
+                deferred = admission.deferred_items(
+                    conn, endpoint_id=endpoint_id, verdicts=refused, now=now
                 )
+                doorbells.waiting(conn, endpoint_id=endpoint_id, deferred=deferred, now=now)
+                return Idle(deferred)
             admitted = _admit(conn, found, actor=actor, lease_seconds=lease_seconds)
         outcome = admitted()  # after COMMIT
         if isinstance(outcome, Claimed):
@@ -417,15 +421,19 @@ def complete(
     now: datetime | None = None,
 ) -> Todo:
     """Finish the current claim as done; raises NotFound, or Conflict for a stale attempt."""
-    return todos.finish(
+    return _finished(
         conn,
-        action="complete",
-        id=id,
-        endpoint_id=endpoint_id,
-        attempt=attempt,
-        actor=actor.label,
-        result=result,
-        now=now,
+        now,
+        todos.finish(
+            conn,
+            action="complete",
+            id=id,
+            endpoint_id=endpoint_id,
+            attempt=attempt,
+            actor=actor.label,
+            result=result,
+            now=now,
+        ),
     )
 
 
@@ -442,16 +450,20 @@ def fail(
 ) -> Todo:
     """Fail the current claim (retry_wait with backoff while attempts remain and retry is
     true, else failed); raises NotFound, or Conflict for a stale attempt."""
-    return todos.finish(
+    return _finished(
         conn,
-        action="fail",
-        id=id,
-        endpoint_id=endpoint_id,
-        attempt=attempt,
-        actor=actor.label,
-        error=error,
-        retry=retry,
-        now=now,
+        now,
+        todos.finish(
+            conn,
+            action="fail",
+            id=id,
+            endpoint_id=endpoint_id,
+            attempt=attempt,
+            actor=actor.label,
+            error=error,
+            retry=retry,
+            now=now,
+        ),
     )
 
 
@@ -465,15 +477,25 @@ def release(
     now: datetime | None = None,
 ) -> Todo:
     """Give the current claim back (pending); the charge stays. Raises NotFound or Conflict."""
-    return todos.finish(
+    return _finished(
         conn,
-        action="release",
-        id=id,
-        endpoint_id=endpoint_id,
-        attempt=attempt,
-        actor=actor.label,
-        now=now,
+        now,
+        todos.finish(
+            conn,
+            action="release",
+            id=id,
+            endpoint_id=endpoint_id,
+            attempt=attempt,
+            actor=actor.label,
+            now=now,
+        ),
     )
+
+
+def _finished(conn: Connection[Any], now: datetime | None, todo: Todo) -> Todo:
+    """Doorbells of a finished claim, in its transaction (R-REOPEN inline, R-BELL release)."""
+    doorbells.after_finish(conn, todo=todo, now=now)
+    return todo
 
 
 def operated_todo(conn: Connection[Any], *, id: UUID, human: Human) -> Todo:

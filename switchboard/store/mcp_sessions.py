@@ -92,3 +92,21 @@ def end(
 def prune(conn: Connection[Any], *, before: datetime) -> int:
     """Delete sessions ended or idle since before ``before`` (one batch); returns how many."""
     return conn.execute(_Q["prune"], {"before": before, "batch": _PRUNE_BATCH}).rowcount
+
+
+def subscribe(conn: Connection[Any], *, id: UUID, uri: str, cap: int) -> bool:
+    """Add a resource subscription; False when the session already holds ``cap`` of them (a
+    URI it already holds is kept, and counts as done)."""
+    if uri in subscriptions(conn, id=id):
+        return True
+    return conn.execute(_Q["subscribe"], {"id": id, "uri": uri, "cap": cap}).fetchone() is not None
+
+
+def unsubscribe(conn: Connection[Any], *, id: UUID, uri: str) -> None:
+    conn.execute(_Q["unsubscribe"], {"id": id, "uri": uri})
+
+
+def subscriptions(conn: Connection[Any], *, id: UUID) -> list[str]:
+    """The session's subscribed resource URIs (none for an unknown session)."""
+    row = conn.execute(_Q["subscriptions"], {"id": id}).fetchone()
+    return list(row[0]) if row else []

@@ -42,3 +42,17 @@ WITH doomed AS (
     LIMIT %(batch)s
 )
 DELETE FROM mcp_sessions s USING doomed WHERE s.id = doomed.id
+
+-- name: subscribe
+-- resources/subscribe: remember the URI once (a session holds at most %(cap)s).
+UPDATE mcp_sessions SET subscriptions = array_append(subscriptions, %(uri)s::text)
+WHERE id = %(id)s AND NOT (%(uri)s::text = ANY(subscriptions))
+  AND cardinality(subscriptions) < %(cap)s
+RETURNING cardinality(subscriptions)
+
+-- name: unsubscribe
+UPDATE mcp_sessions SET subscriptions = array_remove(subscriptions, %(uri)s::text)
+WHERE id = %(id)s
+
+-- name: subscriptions
+SELECT subscriptions FROM mcp_sessions WHERE id = %(id)s

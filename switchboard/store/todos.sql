@@ -400,8 +400,16 @@ WITH clock AS (
     SELECT r.updated_at, r.endpoint_id, r.queue, r.id, 'requeued', 'system:retry',
            jsonb_build_object('attempt', r.attempt)
     FROM requeued r
+), owed AS (
+    -- New claimable work: a doorbell is owed per queue (R-BELL; coalesced like a create's).
+    INSERT INTO todo_ready_outbox (endpoint_id, queue, cause, requested_at)
+    SELECT DISTINCT r.endpoint_id, r.queue, 'retry', clock.now FROM requeued r, clock
+    ON CONFLICT (endpoint_id, queue) DO NOTHING
+    RETURNING 1
+), bell AS (
+    SELECT pg_notify('switchboard_bell', '') FROM owed LIMIT 1
 )
-SELECT count(*) AS n FROM requeued
+SELECT (SELECT count(*) FROM requeued) AS n, (SELECT count(*) FROM bell) AS woke
 
 -- name: attempts
 SELECT * FROM todo_attempts WHERE todo_id = %(todo_id)s ORDER BY attempt

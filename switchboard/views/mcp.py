@@ -41,6 +41,12 @@ def init_app(app: Flask) -> None:
     )
 
 
+def streams_of(app: Flask) -> Streams:
+    """This process's MCP streams (the doorbell wakes them)."""
+    server: mcp.McpServer = app.extensions[_KEY]
+    return server.streams
+
+
 @bp.route("/mcp", methods=["POST", "GET", "DELETE"])
 def endpoint() -> Response:
     """Every MCP request: JSON-RPC over POST, the session stream on GET, DELETE ends it."""
