@@ -227,14 +227,19 @@ def waiting(
 
 
 def policy_written(
-    conn: Connection[Any], *, endpoint_id: UUID, queue: str, cleared: bool = False
+    conn: Connection[Any],
+    *,
+    endpoint_id: UUID,
+    queue: str,
+    cleared: bool = False,
+    now: datetime | None = None,
 ) -> None:
     """In the transaction of a policy write: a raised limit reopens at once; a cleared policy
     leaves the queue open, so waiting work is owed a ring."""
     if cleared:
-        owe(conn, endpoint_id=endpoint_id, queue=queue, cause=store.REOPEN)
+        owe(conn, endpoint_id=endpoint_id, queue=queue, cause=store.REOPEN, now=now)
     else:
-        reopen_queue(conn, endpoint_id=endpoint_id, queue=queue)
+        reopen_queue(conn, endpoint_id=endpoint_id, queue=queue, now=now)
 
 
 def after_finish(conn: Connection[Any], *, todo: Todo, now: datetime | None = None) -> None:
@@ -358,6 +363,10 @@ def _attempt(
 
 
 def _describe(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError) or (
+        isinstance(exc, urllib.error.URLError) and isinstance(exc.reason, TimeoutError)
+    ):
+        return "timed out"
     if isinstance(exc, urllib.error.HTTPError):
         return f"HTTP {exc.code}"
     if isinstance(exc, urllib.error.URLError):

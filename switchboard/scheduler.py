@@ -9,6 +9,7 @@ its next tick. No coordination service is needed across containers.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -72,7 +73,13 @@ class Leadership:
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self.url, autocommit=True, connect_timeout=5)
+            # The application name says which process leads (pg_stat_activity, pg_locks).
+            self._conn = psycopg.connect(
+                self.url,
+                autocommit=True,
+                connect_timeout=5,
+                application_name=f"switchboard-scheduler-{os.getpid()}",
+            )
             self.leading = False
         return self._conn
 

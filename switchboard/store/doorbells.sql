@@ -81,14 +81,15 @@ SELECT e.slug, e.notify_url, EXISTS (
 FROM endpoints e WHERE e.id = %(endpoint_id)s
 
 -- name: enqueue_delivery
+-- Due at once (least: a ring stamped with a pinned or skewed clock is still due now).
 INSERT INTO notify_deliveries (endpoint_id, ring_id, url, body, next_attempt_at)
-VALUES (%(endpoint_id)s, %(ring_id)s, %(url)s, %(body)s, %(now)s)
+VALUES (%(endpoint_id)s, %(ring_id)s, %(url)s, %(body)s, least(%(now)s, now()))
 RETURNING id
 
 -- name: rings_since
 -- A stream's rings: those of its endpoint after a moment (a little overlap is read again and
 -- filtered by id, since identity values can commit out of order).
-SELECT r.id, e.slug, r.queue, r.pending, r.cause, r.rung_at
+SELECT r.id, e.slug AS endpoint, r.queue, r.pending, r.cause, r.rung_at
 FROM todo_ready_rings r JOIN endpoints e ON e.id = r.endpoint_id
 WHERE r.endpoint_id = %(endpoint_id)s AND r.rung_at > %(since)s
 ORDER BY r.id
