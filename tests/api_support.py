@@ -32,6 +32,7 @@ def running_app(url: str, data_dir: Path) -> Iterator[Flask]:
                     "DATABASE_URL": url,
                     "SWITCHBOARD_DATA_DIR": str(data_dir),
                     "SWITCHBOARD_SCHEDULER": "off",
+                    "SWITCHBOARD_DOORBELLS": "off",
                 }
             ),
             "TESTING": True,
