@@ -17,7 +17,6 @@ from switchboard.mcp.auth import Agent
 from switchboard.mcp.jsonrpc import INVALID_PARAMS, RpcError
 from switchboard.store import accounts as accounts_store
 from switchboard.store import doorbells as doorbell_store
-from switchboard.store import operator as operator_store
 from switchboard.store.doorbells import Ring
 from switchboard.views.schemas import dump_queue_status
 
@@ -84,7 +83,8 @@ def resolve(agent: Agent, uri: Any) -> str | None:
 def read(
     conn: Connection[Any], agent: Agent, uri: Any, *, now: datetime | None = None
 ) -> dict[str, Any]:
-    """``resources/read``: the queue's (or every drainable queue's) status as JSON text."""
+    """``resources/read``: the queue's (or every drainable queue's) status as JSON text; the
+    counts are exact up to 10,000 per state (PENDING_CAP), so a read stays cheap at any depth."""
     queue = resolve(agent, uri)
     at = now or datetime.now(UTC)
     queues = _queues(conn, agent) if queue is None else [queue]
@@ -98,7 +98,9 @@ def read(
 
 def _status(conn: Connection[Any], agent: Agent, queue: str, now: datetime) -> dict[str, Any]:
     endpoint_id = agent.grant.endpoint_id
-    summaries = operator_store.queue_summaries(conn, endpoint_ids=[endpoint_id], queue=queue)
+    pending = doorbell_store.pending_count(
+        conn, endpoint_id=endpoint_id, queue=queue, cap=PENDING_CAP
+    )
     claimable = doorbell_store.claimable_count(
         conn, endpoint_id=endpoint_id, queue=queue, now=now, cap=PENDING_CAP
     )
@@ -106,7 +108,7 @@ def _status(conn: Connection[Any], agent: Agent, queue: str, now: datetime) -> d
     return {
         "endpoint": agent.endpoint,
         "queue": queue,
-        "pending": summaries[0].pending if summaries else 0,
+        "pending": pending,
         "claimable": claimable,
         "admission": dump_queue_status(agent.endpoint, statuses[0]) if statuses else None,
     }

@@ -138,6 +138,13 @@ def claimable_count(
     return int(row[0]) if row else 0
 
 
+def pending_count(conn: Connection[Any], *, endpoint_id: UUID, queue: str, cap: int) -> int:
+    """Pending todos of the queue, counted up to ``cap``."""
+    params = {"endpoint_id": endpoint_id, "queue": queue, "cap": cap}
+    row = conn.execute(_Q["pending_count"], params).fetchone()
+    return int(row[0]) if row else 0
+
+
 def ring(
     conn: Connection[Any],
     *,

@@ -63,6 +63,14 @@ SELECT count(*) FROM (
      LIMIT %(cap)s)
 ) claimable
 
+-- name: pending_count
+-- Pending todos of one queue, counted up to a cap (idx_todos_pending, index only).
+SELECT count(*) FROM (
+    SELECT 1 FROM todos t
+    WHERE t.endpoint_id = %(endpoint_id)s AND t.queue = %(queue)s AND t.state = 'pending'
+    LIMIT %(cap)s
+) pending
+
 -- name: ring
 -- Record a todo_ready and wake every process's streams of the endpoint.
 WITH rung AS (
