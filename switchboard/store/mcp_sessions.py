@@ -29,6 +29,7 @@ class McpSession:
     created_at: datetime
     last_seen_at: datetime
     ended_at: datetime | None
+    subscriptions: list[str]  # resources/subscribe URIs (doorbells, R-BELL)
 
 
 def create(
