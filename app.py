@@ -7,9 +7,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from flask import Flask
+from werkzeug.middleware.proxy_fix import ProxyFix
 
 from switchboard import config as configmod
-from switchboard import extensions
+from switchboard import extensions, metrics
 from switchboard.db import Database
 from switchboard.pgserver import EmbeddedPostgres
 from switchboard.scheduler import Scheduler
@@ -38,6 +39,12 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     mcp.init_app(app)
     app.register_blueprint(mcp.bp)
     app.register_blueprint(api.bp)
+    metrics.init_app(app, db, token=config.metrics_token)
+    if config.proxy_hops:  # behind nginx: the client's address, scheme and host (R-SAFE)
+        hops = config.proxy_hops
+        app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
+            app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops, x_port=hops
+        )
     if config.scheduler:
         _start_scheduler(db, config.tick_seconds)
     return app

@@ -16,6 +16,7 @@ from uuid import UUID
 
 from psycopg import Connection
 
+from switchboard import metrics
 from switchboard.admission import service as admission
 from switchboard.admission.service import DeferredQueue, Headroom, Verdict
 from switchboard.db import Database
@@ -134,6 +135,7 @@ class _PreReadHints:
 _HINTS = _PreReadHints(ttl_seconds=1.0)
 
 
+@metrics.counts_claims
 def claim_next(
     db: Database,
     *,
@@ -205,6 +207,7 @@ def _pre_read(
     return refused
 
 
+@metrics.counts_claims
 def claim(
     db: Database,
     *,
@@ -232,6 +235,7 @@ def claim(
             return _claimed_or_raise(outcome)
 
 
+@metrics.counts_claims
 def claim_operator_owned(
     db: Database,
     *,
