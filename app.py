@@ -13,6 +13,7 @@ from switchboard import config as configmod
 from switchboard import extensions, metrics
 from switchboard.db import Database
 from switchboard.pgserver import EmbeddedPostgres
+from switchboard.retention import Retention
 from switchboard.scheduler import Scheduler
 from switchboard.views import api, errors, health, mcp
 
@@ -46,13 +47,14 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
             app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops, x_port=hops
         )
     if config.scheduler:
-        _start_scheduler(db, config.tick_seconds)
+        _start_scheduler(db, config)
     return app
 
 
-def _start_scheduler(db: Database, tick_seconds: int) -> None:
+def _start_scheduler(db: Database, config: configmod.Config) -> None:
     """Tick in this process; only the advisory-lock holder's ticks do work (R-SCHED)."""
-    scheduler = Scheduler(db, tick_seconds=tick_seconds)
+    keep = Retention(config.retention_days, config.events_retention_days)
+    scheduler = Scheduler(db, tick_seconds=config.tick_seconds, keep=keep)
     scheduler.start()
     atexit.register(scheduler.shutdown)
 
