@@ -62,10 +62,16 @@ SELECT p.id, p.endpoint_id, p.queue, p.max_in_flight, p.max_claims_per_window,
        (SELECT min(t.lease_expires_at) FROM todos t
         WHERE t.endpoint_id = p.endpoint_id AND t.queue = p.queue AND t.state = 'claimed'
        ) AS earliest_lease_expiry,
+       -- Claimable todos, todo_claimable split by state so that each count is its own index
+       -- probe (the pending count an index-only scan of idx_todos_pending: no heap reads).
        (SELECT count(*) FROM todos t
-        WHERE t.endpoint_id = p.endpoint_id AND t.queue = p.queue
-          AND t.state IN ('pending', 'retry_wait', 'claimed') AND todo_claimable(t, clock.now)
-       ) AS waiting,
+        WHERE t.endpoint_id = p.endpoint_id AND t.queue = p.queue AND t.state = 'pending')
+       + (SELECT count(*) FROM todos t
+          WHERE t.endpoint_id = p.endpoint_id AND t.queue = p.queue AND t.state = 'claimed'
+            AND t.lease_expires_at < clock.now AND t.attempt < t.max_attempts)
+       + (SELECT count(*) FROM todos t
+          WHERE t.endpoint_id = p.endpoint_id AND t.queue = p.queue AND t.state = 'retry_wait'
+            AND t.retry_at <= clock.now) AS waiting,
        e.slug AS endpoint
 FROM admission_policies p
 JOIN endpoints e ON e.id = p.endpoint_id
