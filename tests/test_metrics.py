@@ -346,3 +346,34 @@ def test_the_boards_claims_and_refusals_are_counted_under_the_endpoint_slug(
     assert delta("switchboard_admission_charged_total", endpoint=slug, queue="q") == 1
     labels = {"endpoint": slug, "queue": "q", "reason": "window_exhausted"}
     assert delta("switchboard_admission_refused_total", **labels) == 1
+
+
+def test_a_scrape_reads_the_database_in_a_fixed_number_of_statements(
+    app: Flask, alice: Operator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two gauge reads and one label read, however many queues and policies there are."""
+    sent: list[str] = []
+    original = psycopg.Cursor.execute
+
+    def recording(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query))
+        return original(cursor, query, *args, **kwargs)
+
+    def statements() -> int:
+        sent.clear()
+        with monkeypatch.context() as patch:
+            patch.setattr(psycopg.Cursor, "execute", recording)
+            assert app.test_client().get("/metrics").status_code == 200
+        return len(sent)
+
+    def budgeted_queues(slug: str, count: int) -> None:
+        for n in range(count):
+            alice.todo(slug, f"q{n}")
+            alice.ok("PUT", f"/admission/endpoint:{slug}/q{n}", {"max_in_flight": 3})
+            todo = alice.todo(slug, f"q{n}")
+            alice.ok("POST", f"/todos/{todo['id']}/claim")  # a counter labelled by this endpoint
+
+    budgeted_queues(alice.endpoint()["slug"], 1)
+    few = statements()
+    budgeted_queues(alice.endpoint()["slug"], 12)
+    assert statements() == few == 3
