@@ -7,12 +7,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from flask import Flask
+from werkzeug.middleware.proxy_fix import ProxyFix
 
 from switchboard import config as configmod
-from switchboard import doorbells, extensions, sweeps
+from switchboard import doorbells, extensions, metrics, sweeps
 from switchboard.db import Database
 from switchboard.mcp.streams import Streams
 from switchboard.pgserver import EmbeddedPostgres
+from switchboard.retention import Retention
 from switchboard.scheduler import Scheduler
 from switchboard.views import api, errors, health, mcp
 
@@ -45,8 +47,14 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     )
     if config.doorbells:
         _start_bell(db, mcp.streams_of(app))
+    metrics.init_app(app, db, token=config.metrics_token)
+    if config.proxy_hops:  # behind nginx: the client's address, scheme and host (R-SAFE)
+        hops = config.proxy_hops
+        app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
+            app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops, x_port=hops
+        )
     if config.scheduler:
-        _start_scheduler(db, config.tick_seconds)
+        _start_scheduler(db, config)
     return app
 
 
@@ -57,9 +65,10 @@ def _start_bell(db: Database, streams: Streams) -> None:
     atexit.register(bell.stop)
 
 
-def _start_scheduler(db: Database, tick_seconds: int) -> None:
+def _start_scheduler(db: Database, config: configmod.Config) -> None:
     """Tick in this process; only the advisory-lock holder's ticks do work (R-SCHED)."""
-    scheduler = Scheduler(db, tick_seconds=tick_seconds)
+    keep = Retention(config.retention_days, config.events_retention_days)
+    scheduler = Scheduler(db, tick_seconds=config.tick_seconds, keep=keep)
     scheduler.start()
     atexit.register(scheduler.shutdown)
 

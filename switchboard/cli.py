@@ -22,6 +22,7 @@ from gunicorn.app.base import BaseApplication
 
 from switchboard import config as configmod
 from switchboard import db as dbmod
+from switchboard import gunicorn_conf
 from switchboard.admission import windows
 from switchboard.errors import SwitchboardError
 from switchboard.models import TODO_STATES
@@ -111,17 +112,7 @@ def serve() -> None:
         os.environ["DATABASE_URL"] = url  # workers use this server and start nothing
         click.echo(f"Switchboard serving on {config.public_url}")
         sys.stdout.flush()
-        _Gunicorn(
-            {
-                "bind": config.bind,
-                "workers": config.workers,
-                "threads": config.threads,
-                "worker_class": "gthread",
-                "graceful_timeout": 20,
-                "timeout": 60,
-                "accesslog": None,
-            }
-        ).run()
+        _Gunicorn(gunicorn_conf.settings(config)).run()
 
 
 class _Gunicorn(BaseApplication):  # type: ignore[misc]

@@ -47,6 +47,14 @@ class Config:
     doorbells: bool = True
     # Waiting work left unclaimed this long is rung again by the heartbeat sweep.
     bell_repeat_seconds: int = 300
+    # Retention (SPEC §9): terminal todos (with their attempts and events) older than this go.
+    retention_days: int = 30
+    # Events and the policy audit older than this go (the events bound).
+    events_retention_days: int = 90
+    # A bearer token /metrics requires; None: /metrics is open (scrape it on a private network).
+    metrics_token: str | None = None
+    # X-Forwarded-* hops to trust (the reverse proxy in front); 0 when clients connect directly.
+    proxy_hops: int = 1
 
     @property
     def embedded(self) -> bool:
@@ -154,6 +162,13 @@ def _secret_key(env: Mapping[str, str], data_dir: Path) -> str:
         raise ConfigError(f"SWITCHBOARD_DATA_DIR {data_dir} is not writable: {exc}") from None
 
 
+def _metrics_token(env: Mapping[str, str]) -> str | None:
+    token = (env.get("SWITCHBOARD_METRICS_TOKEN") or "").strip()
+    if token and len(token) < 16:
+        raise ConfigError("SWITCHBOARD_METRICS_TOKEN must be at least 16 characters")
+    return token or None
+
+
 def _database_url(env: Mapping[str, str]) -> str | None:
     url = env.get("DATABASE_URL") or None
     if url is None:
@@ -195,4 +210,8 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         tick_seconds=_int(env, "SWITCHBOARD_TICK_SECONDS", 30, 1, 3600),
         doorbells=_switch(env, "SWITCHBOARD_DOORBELLS", True),
         bell_repeat_seconds=_int(env, "SWITCHBOARD_BELL_REPEAT_SECONDS", 300, 10, 86400),
+        retention_days=_int(env, "SWITCHBOARD_RETENTION_DAYS", 30, 1, 3650),
+        events_retention_days=_int(env, "SWITCHBOARD_EVENTS_RETENTION_DAYS", 90, 1, 3650),
+        metrics_token=_metrics_token(env),
+        proxy_hops=_int(env, "SWITCHBOARD_PROXY_HOPS", 1, 0, 5),
     )

@@ -8,16 +8,17 @@ its next tick. No coordination service is needed across containers.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from switchboard import doorbells, sweeps
+from switchboard import doorbells, retention, sweeps
 from switchboard.db import Database
 
 log = logging.getLogger(__name__)
@@ -65,8 +66,13 @@ class Leadership:
         return self.leading
 
     def release(self) -> None:
-        """Give up leadership by closing the session (PostgreSQL drops the lock)."""
+        """Give up leadership: unlock, then close the session. Closing alone also drops the
+        lock, but only once the server has processed the disconnect, so a successor asking at
+        once could still find it held."""
         if self._conn is not None:
+            if self.leading and not self._conn.closed:
+                with contextlib.suppress(psycopg.Error):
+                    self._conn.execute("SELECT pg_advisory_unlock(%s)", (self.key,))
             self._conn.close()
         self._conn = None
         self.leading = False
@@ -108,19 +114,42 @@ def maintain(db: Database, leadership: Leadership) -> int:
         return 0
 
 
+RETENTION_SECONDS = 24 * 3600  # retention runs daily (and a minute after a process starts)
+
+
+def retain(
+    db: Database, leadership: Leadership, *, keep: retention.Retention, now: datetime | None = None
+) -> dict[str, int]:
+    """The leader's daily retention run; returns its counts ({} when not leader or failed)."""
+    if not leadership.acquire():
+        return {}
+    try:
+        return retention.run_once(db, now=now, keep=keep)
+    except psycopg.Error as exc:  # the next run (or the next leader) picks up where this one was
+        log.warning("retention failed: %s", exc)
+        return {}
+
+
 class Scheduler:
     """The per-process ticker; only the leader's sweeps do work. Every process also checks its
     own idle pooled connections, so a PostgreSQL restart costs no request a broken one."""
 
     def __init__(
-        self, db: Database, *, tick_seconds: float, maintenance_seconds: float = 10
+        self,
+        db: Database,
+        *,
+        tick_seconds: float,
+        maintenance_seconds: float = 10,
+        keep: retention.Retention | None = None,
     ) -> None:
         self.db = db
+        self.keep = keep or retention.Retention()
         self.leadership = Leadership(db.url)
         self._scheduler = BackgroundScheduler(timezone="UTC")
         first = datetime.now(UTC)
         self._add(self._tick, tick_seconds, first)
         self._add(self._maintain, maintenance_seconds, first)
+        self._add(self._retain, RETENTION_SECONDS, first + timedelta(minutes=1))
 
     def _add(self, job: Callable[[], None], seconds: float, first: datetime) -> None:
         self._scheduler.add_job(
@@ -139,6 +168,11 @@ class Scheduler:
             log.warning("pool check failed: %s", exc)
         if dead := maintain(self.db, self.leadership):
             log.info("vacuumed todos (%d dead row versions)", dead)
+
+    def _retain(self) -> None:
+        counts = retain(self.db, self.leadership, keep=self.keep)
+        if any(counts.values()):
+            log.info("retention: %s", counts)
 
     def start(self) -> None:
         """Start ticking in a background thread."""

@@ -16,7 +16,7 @@ from uuid import UUID
 
 from psycopg import Connection
 
-from switchboard import doorbells
+from switchboard import doorbells, metrics
 from switchboard.admission import service as admission
 from switchboard.admission.service import DeferredQueue, Headroom, Verdict
 from switchboard.db import Database
@@ -138,6 +138,7 @@ class _PreReadHints:
 _HINTS = _PreReadHints(ttl_seconds=1.0)
 
 
+@metrics.counts_claims
 def claim_next(
     db: Database,
     *,
@@ -209,6 +210,7 @@ def _pre_read(
     return refused
 
 
+@metrics.counts_claims
 def claim(
     db: Database,
     *,
@@ -236,6 +238,7 @@ def claim(
             return _claimed_or_raise(outcome)
 
 
+@metrics.counts_claims
 def claim_operator_owned(
     db: Database,
     *,
