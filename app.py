@@ -13,7 +13,7 @@ from switchboard import extensions
 from switchboard.db import Database
 from switchboard.pgserver import EmbeddedPostgres
 from switchboard.scheduler import Scheduler
-from switchboard.views import api, errors, health, mcp
+from switchboard.views import api, board, errors, health, mcp
 
 MAX_CONTENT_LENGTH = 1024 * 1024  # request bodies above 1 MiB are refused with 413
 
@@ -38,6 +38,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     mcp.init_app(app)
     app.register_blueprint(mcp.bp)
     app.register_blueprint(api.bp)
+    board.init_app(app)
     if config.scheduler:
         _start_scheduler(db, config.tick_seconds)
     return app
