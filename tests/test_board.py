@@ -606,3 +606,30 @@ def test_drain_estimate_walks_windows_across_dst() -> None:
 @pytest.fixture(scope="module", autouse=True)
 def _no_leftover_streams() -> Iterator[None]:
     yield
+
+
+def test_an_unexpected_error_is_a_friendly_500_without_a_trace(
+    ann: Person, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(board, "overview", broken)
+    response = ann.get("/board/")
+    page = response.get_data(as_text=True)
+    assert response.status_code == 500 and response.mimetype == "text/html"
+    assert "Something went wrong" in page and "secret internals" not in page
+    assert "Traceback" not in page
+
+
+def test_live_pages_over_the_process_bound_get_503(app: Flask, ann: Person) -> None:
+    from switchboard.views.board import _LIVE_KEY
+
+    hub = app.extensions[_LIVE_KEY]
+    held = [hub.watch((uuid.uuid4(), f"q{n}")) for n in range(hub.limit)]
+    try:
+        response = ann.get(f"/board/e/{ann.slug}/q/q/live")
+        assert response.status_code == 503 and response.headers["Retry-After"] == "5"
+    finally:
+        for watcher in held:
+            hub.unwatch(watcher)

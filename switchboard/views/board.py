@@ -16,6 +16,7 @@ import secrets
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
+from urllib.parse import unquote
 from uuid import UUID
 
 from flask import (
@@ -122,7 +123,8 @@ def csrf_token() -> str:
 
 def _viewer_zone() -> str:
     """The viewer's zone: ``?tz=``, else the cookie the page script sets, else UTC."""
-    return board.zone_or_utc(request.args.get("tz") or request.cookies.get("tz"))
+    chosen = request.args.get("tz") or unquote(request.cookies.get("tz", ""))  # JS-encoded
+    return board.zone_or_utc(chosen)
 
 
 @bp.app_template_global()

@@ -1,7 +1,8 @@
 /* Switchboard board: progressive enhancement only; every page works without this file.
    1. Remember the viewer's time zone in a cookie, so "resets at" shows their wall clock
       (UTC until then, and always without JavaScript); reload once when it was missing.
-   2. Copy buttons for the one-time agent token and its MCP client configuration. */
+   2. Copy buttons for the one-time agent token and its MCP client configuration.
+   3. Mark a live queue page while its SSE stream is open (htmx's sse extension does the rest). */
 (function () {
   "use strict";
   var zone = "";
@@ -16,6 +17,12 @@
       location.reload();
     }
   }
+  document.addEventListener("htmx:sseOpen", function (event) {
+    event.target.setAttribute("data-live", "open");
+  });
+  document.addEventListener("htmx:sseError", function (event) {
+    event.target.setAttribute("data-live", "retrying");
+  });
   document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll("button.copy[data-copy]").forEach(function (button) {
       button.hidden = false;
