@@ -171,6 +171,10 @@ def test_a_post_without_the_csrf_token_is_refused_and_changes_nothing(ann: Perso
         f"/board/e/{ann.slug}/q/q/todos", data={"title": "sneaky", "csrf": "forged"}
     )
     assert forged.status_code == 400
+    accented = ann.client.post(
+        f"/board/e/{ann.slug}/q/q/todos", data={"title": "sneaky", "csrf": "jeton-é"}
+    )
+    assert accented.status_code == 400
     assert sql(_app, "SELECT count(*) FROM todos WHERE title = 'sneaky'") == [(0,)]
 
 

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from urllib.parse import unquote
 from uuid import UUID
 
+import psycopg
 from flask import (
     Blueprint,
     Flask,
@@ -166,9 +167,7 @@ def _guard() -> BaseResponse | None:
     """Text PostgreSQL can't store is a 400; a POST must echo the session's CSRF token; every
     page but the sign-in needs a signed-in human."""
     _storable(request.path, *request.args.values(), *request.form.values())
-    if request.method == "POST" and not hmac.compare_digest(
-        request.form.get("csrf", ""), session.get("csrf", "") or "\x01"
-    ):
+    if request.method == "POST" and not _csrf_ok(request.form.get("csrf", "")):
         raise BadRequest(
             "This form has expired (its CSRF token does not match). Reload the page and try again."
         )
@@ -184,6 +183,11 @@ def _guard() -> BaseResponse | None:
         return redirect(url_for("board.login", next=request.full_path.rstrip("?")))
     g.human = human
     return None
+
+
+def _csrf_ok(sent: str) -> bool:
+    expected = session.get("csrf")
+    return bool(expected) and hmac.compare_digest(sent.encode(), str(expected).encode())
 
 
 def _storable(*values: str) -> None:
@@ -331,8 +335,11 @@ def live(slug: str, queue: str) -> Response:
     except board_live.Busy as exc:
         return Response(str(exc), 503, {"Retry-After": "5"}, mimetype="text/plain")
 
-    def render() -> tuple[bytes, float | None]:
-        context = _queue_context(slug, queue)
+    def render() -> tuple[bytes, float | None] | None:
+        try:
+            context = _queue_context(slug, queue)
+        except (errors.NotFound, psycopg.Error):
+            return None  # the endpoint went away, or the database: end; the browser retries
         header = render_template("board/_queue_header.html", **context)
         cards = render_template("board/_cards.html", **context)
         due = board.status_changes_at(context["page"].status)

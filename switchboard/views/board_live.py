@@ -128,15 +128,18 @@ def stream(
     live: BoardLive,
     watcher: Watcher,
     *,
-    render: Callable[[], tuple[bytes, float | None]],
+    render: Callable[[], tuple[bytes, float | None] | None],
     gone: Callable[[], bool],
     keepalive: float,
 ) -> Iterator[bytes]:
     """A live page's body: the rendering now, then a fresh one whenever the queue changed or
     its derived status is due to change on its own (``render`` returns the bytes and the
-    epoch second of that moment, e.g. a window reset), keep-alives in between."""
+    epoch second of that moment, e.g. a window reset, or None to end), keep-alives in between."""
     try:
-        body, due = render()
+        rendered = render()
+        if rendered is None:
+            return
+        body, due = rendered
         yield body
         while True:
             quiet_until = time.monotonic() + keepalive
@@ -150,7 +153,10 @@ def stream(
                 return
             if watcher.changed.is_set() or (due is not None and time.time() >= due):
                 watcher.changed.clear()
-                body, due = render()
+                rendered = render()
+                if rendered is None:
+                    return
+                body, due = rendered
                 yield body
             else:
                 yield KEEP_ALIVE
