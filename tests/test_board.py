@@ -258,6 +258,10 @@ def test_a_foreign_endpoint_is_404_on_every_page_and_form(ann: Person, ben: Pers
     ):
         assert ann.post(path, data).status_code == 404, path
     assert sql(_app, "SELECT state FROM todos WHERE id = %(t)s", {"t": todo}) == [("pending",)]
+    grant = _grant(ben)
+    assert ann.post(f"/board/e/{ann.slug}/grants/{grant}/revoke").status_code == 404
+    assert ann.post(f"/board/e/{ben.slug}/grants/{grant}/revoke").status_code == 404
+    assert sql(_app, "SELECT revoked_at FROM grants WHERE id = %(g)s", {"g": grant}) == [(None,)]
 
 
 def test_error_pages_are_friendly_html(ann: Person) -> None:
@@ -637,3 +641,60 @@ def test_live_pages_over_the_process_bound_get_503(app: Flask, ann: Person) -> N
     finally:
         for watcher in held:
             hub.unwatch(watcher)
+
+
+def test_the_live_version_read_is_index_probes(clone_db: str) -> None:
+    """The poller's one statement never scans a queue: one backward probe of the events
+    index, the in-flight count from the claimed index, one probe each for policy and window."""
+    import psycopg
+
+    from switchboard.store.board import _Q
+    from tests.conftest import make_endpoint, make_human
+
+    with psycopg.connect(clone_db) as conn:
+        endpoint = make_endpoint(conn, make_human(conn))
+        conn.execute(
+            "INSERT INTO todos (endpoint_id, queue, title) SELECT %s, 'q', 't'"
+            " FROM generate_series(1, 20000)",
+            (endpoint.id,),
+        )
+        conn.execute(
+            "UPDATE todos SET state = 'claimed', attempt = 1, claimed_at = now(),"
+            " lease_expires_at = now() + interval '1 hour'"
+            " WHERE id IN (SELECT id FROM todos LIMIT 500)"
+        )
+        conn.execute(
+            "INSERT INTO events (at, endpoint_id, queue, kind, actor, data)"
+            " SELECT now(), %s, 'q', 'created', 'human:x', '{}' FROM generate_series(1, 2000)",
+            (endpoint.id,),
+        )
+        # Newer events of 19 other queues: walking the primary key backwards would read them all.
+        conn.execute(
+            "INSERT INTO events (at, endpoint_id, queue, kind, actor, data)"
+            " SELECT now(), %s, 'other' || (i %% 19), 'created', 'human:x', '{}'"
+            " FROM generate_series(1, 40000) i",
+            (endpoint.id,),
+        )
+        conn.commit()
+        conn.autocommit = True
+        conn.execute("VACUUM ANALYZE")
+        row = conn.execute(
+            "EXPLAIN (FORMAT JSON) " + _Q["queue_versions"],
+            {"endpoint_ids": [endpoint.id], "queues": ["q"]},
+        ).fetchone()
+    assert row is not None
+    scans = {
+        node.get("Relation Name"): node.get("Index Name")
+        for node in _nodes(row[0][0]["Plan"])
+        if node.get("Relation Name") in ("events", "todos")
+    }
+    assert scans == {"events": "idx_events_scope", "todos": "idx_todos_claimed_endpoint_queue"}
+    for node in _nodes(row[0][0]["Plan"]):  # (the empty policy tables may sort their 0 rows)
+        if node["Node Type"] == "Sort":
+            assert not {n.get("Relation Name") for n in _nodes(node)} & {"events", "todos"}
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)

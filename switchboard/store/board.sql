@@ -5,12 +5,14 @@
 -- One row per asked (endpoint, queue): what changes when anything shown in the queue header or
 -- its cards changes. Every lifecycle change writes an event (idx_events_scope: one backward
 -- probe); in-flight is read from idx_todos_claimed_endpoint_queue (O(in flight)); the policy and
--- its newest window counter are one probe each. The board's poller runs this for every open
--- live queue page of its process, once a second.
+-- its newest window counter are one probe each. The ORDER BYs spell out the whole index order
+-- so the planner walks the scope index, never the primary key backwards through every queue's
+-- rows. The board's poller runs this for every open live queue page of its process, once a
+-- second.
 SELECT k.endpoint_id, k.queue,
        (SELECT e.id FROM events e
         WHERE e.endpoint_id = k.endpoint_id AND e.queue = k.queue
-        ORDER BY e.id DESC LIMIT 1) AS last_event_id,
+        ORDER BY e.endpoint_id DESC, e.queue DESC, e.id DESC LIMIT 1) AS last_event_id,
        (SELECT count(*) FROM todos t
         WHERE t.endpoint_id = k.endpoint_id AND t.queue = k.queue AND t.state = 'claimed'
        ) AS in_flight,
@@ -19,7 +21,7 @@ SELECT k.endpoint_id, k.queue,
         WHERE w.policy_id = p.id ORDER BY w.window_start DESC LIMIT 1) AS window_used,
        (SELECT r.id FROM todo_ready_rings r
         WHERE r.endpoint_id = k.endpoint_id AND r.queue = k.queue
-        ORDER BY r.rung_at DESC LIMIT 1) AS last_ring_id
+        ORDER BY r.endpoint_id, r.queue, r.rung_at DESC LIMIT 1) AS last_ring_id
 FROM unnest(%(endpoint_ids)s::uuid[], %(queues)s::text[]) AS k(endpoint_id, queue)
 LEFT JOIN admission_policies p ON p.endpoint_id = k.endpoint_id AND p.queue = k.queue
 
