@@ -335,26 +335,30 @@ def live(slug: str, queue: str) -> Response:
     except board_live.Busy as exc:
         return Response(str(exc), 503, {"Retry-After": "5"}, mimetype="text/plain")
 
-    def render() -> tuple[bytes, float | None] | None:
-        try:
-            context = _queue_context(slug, queue)
-        except (errors.NotFound, psycopg.Error):
-            return None  # the endpoint went away, or the database: end; the browser retries
-        header = render_template("board/_queue_header.html", **context)
-        cards = render_template("board/_cards.html", **context)
-        due = board.status_changes_at(context["page"].status)
-        at = due.timestamp() + 0.5 if due is not None else None
-        now = datetime.now(UTC).timestamp()
-        return board_live.sse("header", header) + board_live.sse("cards", cards), (
-            at if at is not None and at > now else None
-        )
-
     gone = _hangup_probe(request.environ.get("gunicorn.socket")) or (lambda: False)
-    body = board_live.stream(hub, watcher, render=render, gone=gone, keepalive=_keepalive())
+    body = board_live.stream(
+        hub, watcher, render=lambda: _live_frames(slug, queue), gone=gone, keepalive=_keepalive()
+    )
     response = Response(stream_with_context(body), mimetype="text/event-stream")
     response.headers["Cache-Control"] = "no-cache"
     response.headers["X-Accel-Buffering"] = "no"
     return response
+
+
+def _live_frames(slug: str, queue: str) -> tuple[bytes, float | None] | None:
+    """The header and cards as SSE events, and the epoch second at which the queue's status
+    changes by itself (a window reset, a lapsing lease: the reopen); None ends the stream."""
+    try:
+        context = _queue_context(slug, queue)
+    except (errors.NotFound, psycopg.Error):
+        return None  # the endpoint went away, or the database: end; the browser retries
+    header = render_template("board/_queue_header.html", **context)
+    cards = render_template("board/_cards.html", **context)
+    due = board.status_changes_at(context["page"].status)
+    at = due.timestamp() + 0.5 if due is not None else None
+    if at is not None and at <= datetime.now(UTC).timestamp():
+        at = None  # already past (e.g. a lapsed lease not yet taken over): wait for a change
+    return board_live.sse("header", header) + board_live.sse("cards", cards), at
 
 
 @bp.post("/e/<slug>/q/<queue>/todos")
