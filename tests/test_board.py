@@ -698,3 +698,37 @@ def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
     yield plan
     for child in plan.get("Plans", []):
         yield from _nodes(child)
+
+
+def test_a_live_page_re_renders_by_itself_when_its_status_is_due_to_change(app: Flask) -> None:
+    """The reopen: a window reset changes the header with no write to notice, so the stream
+    renders again at the moment ``render`` named, without being woken."""
+    import time
+
+    from switchboard.views.board_live import BoardLive, stream
+
+    hub = BoardLive(extensions.database(app), limit=1, poll_seconds=3600)
+    watcher = hub.watch((uuid.uuid4(), "q"))
+    frames = iter([(b"first", time.time() + 0.2), (b"after the reset", None)])
+    body = stream(hub, watcher, render=lambda: next(frames), gone=lambda: False, keepalive=30)
+    try:
+        assert next(body) == b"first"
+        started = time.monotonic()
+        assert next(body) == b"after the reset"
+        assert time.monotonic() - started < 5 and not watcher.changed.is_set()
+    finally:
+        body.close()
+    again = hub.watch((uuid.uuid4(), "q"))  # closing the body gave the one slot back
+    hub.unwatch(again)
+    hub.close()
+
+
+def test_a_live_page_ends_when_its_queue_can_no_longer_be_rendered(app: Flask) -> None:
+    from switchboard.views.board_live import BoardLive, stream
+
+    hub = BoardLive(extensions.database(app), limit=1, poll_seconds=3600)
+    watcher = hub.watch((uuid.uuid4(), "q"))
+    assert list(stream(hub, watcher, render=lambda: None, gone=lambda: False, keepalive=1)) == []
+    again = hub.watch((uuid.uuid4(), "q"))  # the one slot is free again
+    hub.unwatch(again)
+    hub.close()

@@ -146,7 +146,8 @@ def stream(
             while not watcher.changed.is_set() and (due is None or time.time() < due):
                 if time.monotonic() >= quiet_until:
                     break
-                watcher.changed.wait(HANGUP_POLL_SECONDS)
+                until_due = HANGUP_POLL_SECONDS if due is None else due - time.time()
+                watcher.changed.wait(max(0.0, min(HANGUP_POLL_SECONDS, until_due)))
                 if gone():
                     return
             if live.closing.is_set():
