@@ -202,3 +202,52 @@ def test_the_journey_without_javascript(
         journey(context.new_page(), server.base, operator_email, module_db, js=False)
     finally:
         context.close()
+
+
+def _requests_sign_in(base: str, email: str) -> Any:
+    import requests
+
+    http = requests.Session()
+    page = http.get(base + "/board/login", timeout=10).text
+    match = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert match is not None
+    signed = http.post(
+        base + "/board/login",
+        data={"csrf": match.group(1), "email": email, "password": PASSWORD},
+        allow_redirects=False,
+        timeout=10,
+    )
+    assert signed.status_code == 302, signed.text
+    return http
+
+
+def test_a_quick_stop_never_waits_on_an_open_live_page(
+    module_db: str, operator_email: str, tmp_path: Path
+) -> None:
+    """SIGINT (gunicorn's quick stop): an open board stream ends at once through its worker's
+    exit hook. (A graceful SIGTERM lets open streams, MCP's and the board's, hold a worker for
+    at most the graceful timeout, 20 s; the browser then reconnects to another worker.)"""
+    import signal
+    import time
+
+    slug = f"stop-{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(module_db) as conn:
+        from switchboard.store import accounts as store
+
+        human = store.find_human_by_email(conn, email=operator_email)
+        assert human is not None
+        accounts.create_endpoint(conn, owner=human, data={"slug": slug})
+    served = start_switchboard(module_db, tmp_path)
+    try:
+        http = _requests_sign_in(served.base, operator_email)
+        live = http.get(f"{served.base}/board/e/{slug}/q/jobs/live", stream=True, timeout=30)
+        assert live.status_code == 200
+        lines = live.iter_lines()
+        assert next(lines) == b"event: header"
+        started = time.monotonic()
+        served.process.send_signal(signal.SIGINT)
+        served.process.wait(timeout=60)
+        assert time.monotonic() - started < 10
+        live.close()
+    finally:
+        served.stop()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 from uuid import UUID
@@ -58,7 +59,16 @@ class BoardLive:
         self._versions: dict[Key, Any] = {}
         self._thread: threading.Thread | None = None
         self.closing = threading.Event()
-        _at_thread_exit(self.close)
+        # At interpreter exit (a gunicorn worker's), before the thread pool is joined: end the
+        # live pages now. A weak reference, so an app dropped by tests is not kept alive.
+        this = weakref.ref(self)
+
+        def close_at_exit() -> None:
+            live = this()
+            if live is not None:
+                live.close()
+
+        _at_thread_exit(close_at_exit)
 
     def close(self) -> None:
         """End every live page of this process (at worker exit) and the poller."""
