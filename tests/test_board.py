@@ -271,6 +271,8 @@ def test_error_pages_are_friendly_html(ann: Person) -> None:
     bad_queue = ann.get(f"/board/e/{ann.slug}/q/bad queue!")
     assert bad_queue.status_code == 404
     assert ann.get("/board/e/x%00y").status_code == 400
+    nul = ann.post(f"/board/e/{ann.slug}/q/q/todos", {"title": "a\x00b"})
+    assert nul.status_code == 400 and "NUL" in nul.get_data(as_text=True)
 
 
 # --- the queue page and operator actions --------------------------------------------------------

@@ -47,6 +47,7 @@ from switchboard.schemas import QUEUE_PATTERN, load
 from switchboard.services import board, operator
 from switchboard.verbs import ADMISSION_VERBS, BASIC_VERBS, DRAIN_VERBS
 from switchboard.views import board_live
+from switchboard.views.api import _storable
 from switchboard.views.errors import board_title, html_error, status_of
 from switchboard.views.mcp import _hangup_probe
 
@@ -166,7 +167,8 @@ def _context() -> dict[str, Any]:
 def _guard() -> BaseResponse | None:
     """Text PostgreSQL can't store is a 400; a POST must echo the session's CSRF token; every
     page but the sign-in needs a signed-in human."""
-    _storable(request.path, *request.args.values(), *request.form.values())
+    form_values = [value for _, values in request.form.lists() for value in values]
+    _storable(request.path, *request.args.values(), form_values)
     if request.method == "POST" and not _csrf_ok(request.form.get("csrf", "")):
         raise BadRequest(
             "This form has expired (its CSRF token does not match). Reload the page and try again."
@@ -188,20 +190,6 @@ def _guard() -> BaseResponse | None:
 def _csrf_ok(sent: str) -> bool:
     expected = session.get("csrf")
     return bool(expected) and hmac.compare_digest(sent.encode(), str(expected).encode())
-
-
-def _storable(*values: str) -> None:
-    for value in values:
-        if "\x00" in value or not _utf8(value):
-            raise BadRequest("Text may not contain NUL characters or lone surrogates.")
-
-
-def _utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 @bp.errorhandler(errors.SwitchboardError)
