@@ -93,6 +93,14 @@ def init_app(app: Flask) -> None:
     app.add_url_rule("/", "board_root", lambda: redirect(url_for("board.overview")))
 
 
+def live_of(app: Any) -> board_live.BoardLive | None:
+    """The app's live-page hub (None for anything else): a worker's SIGTERM hook closes it,
+    so open board tabs never hold a stopping worker for the graceful timeout."""
+    extensions = getattr(app, "extensions", {})
+    hub = extensions.get(_LIVE_KEY)
+    return hub if isinstance(hub, board_live.BoardLive) else None
+
+
 # --- plumbing -------------------------------------------------------------------------------
 
 
