@@ -734,3 +734,32 @@ def test_a_live_page_ends_when_its_queue_can_no_longer_be_rendered(app: Flask) -
     again = hub.watch((uuid.uuid4(), "q"))  # the one slot is free again
     hub.unwatch(again)
     hub.close()
+
+
+def test_an_admin_sees_every_endpoint(app: Flask, ann: Person) -> None:
+    admin = sign_in(app, *make_person(app, admin=True))
+    assert ann.slug in admin.text("/board/")
+    assert admin.get(f"/board/e/{ann.slug}").status_code == 200
+
+
+def test_the_queue_page_pages_older_todos(ann: Person) -> None:
+    sql(
+        _app,
+        "INSERT INTO queues (endpoint_id, name) SELECT id, 'long' FROM endpoints"
+        " WHERE slug = %(s)s ON CONFLICT DO NOTHING",
+        {"s": ann.slug},
+    )
+    sql(
+        _app,
+        "INSERT INTO todos (endpoint_id, queue, title, created_at)"
+        " SELECT e.id, 'long', 'todo #' || i, now() - make_interval(secs => 100 - i)"
+        " FROM endpoints e, generate_series(1, 55) i WHERE e.slug = %(s)s",
+        {"s": ann.slug},
+    )
+    first = ann.text(f"/board/e/{ann.slug}/q/long")
+    assert "todo #55" in first and "todo #5<" not in first
+    older = re.search(r'href="([^"]+after=[^"]+)"', first)
+    assert older is not None
+    second = ann.text(html.unescape(older.group(1)))
+    assert "todo #5<" in second and "todo #1<" in second and "todo #55" not in second
+    assert ann.get(f"/board/e/{ann.slug}/q/long?after=garbage").status_code == 422
