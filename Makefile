@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 ADMIN_EMAIL ?= admin@localhost
+ADMIN_PASSWORD ?=
 PYTEST_ARGS ?=
 
 .PHONY: run test lint bench install clean
@@ -19,7 +20,7 @@ install: $(BIN)/.installed
 run: install
 	@mkdir -p var
 	@if [ ! -s var/admin-token ]; then \
-		$(BIN)/switchboard bootstrap --email $(ADMIN_EMAIL) > var/admin-token.tmp \
+		$(BIN)/switchboard bootstrap --email $(ADMIN_EMAIL) $(if $(ADMIN_PASSWORD),--password '$(ADMIN_PASSWORD)') > var/admin-token.tmp \
 		&& mv var/admin-token.tmp var/admin-token \
 		&& echo "First admin $(ADMIN_EMAIL); API token (kept in var/admin-token): $$(cat var/admin-token)"; \
 	fi

@@ -16,7 +16,7 @@ from switchboard.mcp.streams import Streams
 from switchboard.pgserver import EmbeddedPostgres
 from switchboard.retention import Retention
 from switchboard.scheduler import Scheduler
-from switchboard.views import api, errors, health, mcp
+from switchboard.views import api, board, errors, health, mcp
 
 MAX_CONTENT_LENGTH = 1024 * 1024  # request bodies above 1 MiB are refused with 413
 
@@ -41,6 +41,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     mcp.init_app(app)
     app.register_blueprint(mcp.bp)
     app.register_blueprint(api.bp)
+    board.init_app(app)
     doorbells.configure(keepalive_seconds=config.mcp_keepalive_seconds)
     sweeps.configure(
         tick_seconds=config.tick_seconds, bell_repeat_seconds=config.bell_repeat_seconds

@@ -76,14 +76,19 @@ def child_exit(server: Any, worker: Any) -> None:
 
 
 def post_worker_init(worker: Any) -> None:
-    """Worker, app loaded: SIGTERM also ends the app's MCP streams, which would otherwise hold
-    the worker for the whole graceful timeout."""
+    """Worker, app loaded: SIGTERM also ends the app's MCP streams and live board pages, which
+    would otherwise hold the worker for the whole graceful timeout."""
+    from switchboard.views.board import live_of
+
     streams = mcp_streams(worker.wsgi)
+    live = live_of(worker.wsgi)
     previous = signal.getsignal(signal.SIGTERM)
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
         for each in streams:
             each.close()
+        if live is not None:
+            live.close()
         if callable(previous):
             previous(signum, frame)
 

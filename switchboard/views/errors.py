@@ -1,4 +1,4 @@
-"""The one table from domain errors to HTTP statuses, MCP outcomes (and, later, board messages)."""
+"""The one table from domain errors to HTTP statuses, MCP outcomes and board messages."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-from flask import Flask, Response, jsonify
+from flask import Flask, Response, jsonify, render_template, request
 from werkzeug.exceptions import HTTPException
 
 from switchboard import errors
@@ -87,7 +87,39 @@ def retry_after(error: errors.SwitchboardError, *, now: datetime | None = None) 
     return max(0, math.ceil((at - (now or datetime.now(UTC))).total_seconds()))
 
 
-def _http(error: HTTPException) -> tuple[Response, int]:
+# The board (HTML) titles its messages and error pages by the same classes.
+BOARD_TITLE: dict[type[errors.SwitchboardError], str] = {
+    errors.Invalid: "Please check the form",
+    errors.Unauthorized: "Please sign in",
+    errors.Forbidden: "Not allowed",
+    errors.NotFound: "Not found",
+    errors.Conflict: "Not possible right now",
+    errors.Deferred: "Held back by the queue's budget",
+    errors.AdmissionUnavailable: "Admission unavailable",
+}
+BOARD_PREFIX = "/board"
+
+
+def board_title(error: errors.SwitchboardError) -> str:
+    """The board's heading for a domain error."""
+    for cls in type(error).__mro__:
+        if cls in BOARD_TITLE:
+            return BOARD_TITLE[cls]
+    return "Something went wrong"
+
+
+def html_error(status: int, title: str, message: str) -> tuple[str, int]:
+    """A friendly board error page: a title, one sentence, a way back; never a trace."""
+    return render_template("board/error.html", status=status, title=title, message=message), status
+
+
+def _is_board() -> bool:
+    return request.path == BOARD_PREFIX or request.path.startswith(BOARD_PREFIX + "/")
+
+
+def _http(error: HTTPException) -> tuple[Response, int] | tuple[str, int]:
+    if _is_board():
+        return html_error(error.code or 500, error.name, error.description or error.name)
     code = (error.name or "error").lower().replace(" ", "_")
     response = jsonify(error_body(code, error.description or error.name))
     # Keep the exception's own headers (405's Allow, RFC 9110), but not its HTML content type.
@@ -97,8 +129,10 @@ def _http(error: HTTPException) -> tuple[Response, int]:
     return response, error.code or 500
 
 
-def _unexpected(error: Exception) -> tuple[Response, int]:
+def _unexpected(error: Exception) -> tuple[Response, int] | tuple[str, int]:
     log.exception("unhandled error", exc_info=error)
+    if _is_board():
+        return html_error(500, "Something went wrong", "The error was logged. Please try again.")
     return jsonify(error_body("internal", "internal server error")), 500
 
 
