@@ -7,6 +7,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 from flask import Flask, Response, jsonify
 from werkzeug.exceptions import HTTPException
 
@@ -97,6 +98,16 @@ def _http(error: HTTPException) -> tuple[Response, int]:
     return response, error.code or 500
 
 
+def _unavailable(error: psycopg.OperationalError) -> tuple[Response, int]:
+    # The database is down, restarting, or broke a pooled connection (which the pool then
+    # discards): the client should retry, as the MCP endpoint tells its callers too (R-FAULT).
+    log.warning("request failed: database unavailable: %s", error)
+    body = error_body("unavailable", "the database cannot be reached; retry later")
+    response = jsonify(body)
+    response.headers["Retry-After"] = "5"
+    return response, 503
+
+
 def _unexpected(error: Exception) -> tuple[Response, int]:
     log.exception("unhandled error", exc_info=error)
     return jsonify(error_body("internal", "internal server error")), 500
@@ -106,4 +117,5 @@ def init_app(app: Flask) -> None:
     """Answer every error as JSON, never with a trace."""
     app.register_error_handler(errors.SwitchboardError, _domain)
     app.register_error_handler(HTTPException, _http)
+    app.register_error_handler(psycopg.OperationalError, _unavailable)
     app.register_error_handler(Exception, _unexpected)
