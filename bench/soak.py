@@ -240,8 +240,10 @@ class McpClient:
             self.ledger.broken(exc)
             raise Unanswered from exc
         self.ledger.answer(response.status_code, f"{name}: {response.text}")
-        if response.status_code != 200:
+        if response.status_code >= 500:
             raise Unanswered(f"{name}: HTTP {response.status_code}: {response.text[:200]}")
+        if response.status_code != 200:  # e.g. a session lost across a restart: a violation
+            raise AssertionError(f"{name}: HTTP {response.status_code}: {response.text[:200]}")
         payload = response.json()
         if "result" not in payload:
             raise Unanswered(f"{name}: {payload}")
@@ -266,6 +268,7 @@ def guarded(loop: Callable[..., None]) -> Callable[..., None]:
             except Exception as exc:  # recorded and checked: the run goes on
                 with ledger.lock:
                     ledger.odd.append(f"{loop.__name__}: {exc!r}"[:500])
+                time.sleep(0.1)
 
     return run
 
@@ -368,6 +371,8 @@ def rest_create(http: requests.Session, base: str, ledger: Ledger, body: Any) ->
         raise Unanswered from exc
     ledger.answer(response.status_code, f"POST /todos: {response.text}")
     ledger.note("rest:create" if response.status_code == 201 else "rest:create:error")
+    if response.status_code >= 500:
+        raise Unanswered(f"POST /todos: {response.status_code}")
     if response.status_code != 201:
         raise AssertionError(f"POST /todos: {response.status_code} {response.text[:200]}")
     return str(response.json()["id"])
