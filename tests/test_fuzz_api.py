@@ -1,13 +1,17 @@
 """schemathesis over the operator REST API (SPEC §10 R-SAFE): every operation of
 /api/v1/openapi.json, with an admin's bearer token and path parameters that name real
 (seeded) endpoints, todos, grants and budgeted queues as often as random ones. The check is
-schemathesis's "not a server error": no input reaches a 5xx. Examples are bounded per
-operation so the module stays well under a minute.
+schemathesis's "not a server error": no input reaches a 5xx, and none hangs (each request
+runs under a deadline). Examples are bounded per operation so the module stays well under a
+minute.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +26,7 @@ from schemathesis.checks import not_a_server_error
 from tests.api_support import API, Operator, new_token
 
 EXAMPLES_PER_OPERATION = 30
+REQUEST_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,17 @@ def load_schema(app: Flask, seeds: Seeds) -> Any:
     return loaded
 
 
+_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fuzz-api")
+
+
+def within_deadline(request: Callable[[], Any]) -> Any:
+    """The request's answer, or a failure if it takes longer than REQUEST_SECONDS (a hang)."""
+    try:
+        return _pool.submit(request).result(timeout=REQUEST_SECONDS)
+    except FutureTimeout:
+        raise AssertionError(f"hang: no answer within {REQUEST_SECONDS} s") from None
+
+
 def test_no_input_reaches_a_server_error(app: Flask, seeds: Seeds) -> None:
     """Each operation, with data that fits the schema and data that does not. (Driven through
     hypothesis directly: schemathesis's lazy pytest fixture loader does not run on pytest 9.)"""
@@ -95,7 +111,7 @@ def test_no_input_reaches_a_server_error(app: Flask, seeds: Seeds) -> None:
                 database=None,
             )
             def exercise(case: Any) -> None:
-                response = case.call(headers=auth)
+                response = within_deadline(lambda: case.call(headers=auth))
                 case.validate_response(response, checks=[not_a_server_error], headers=auth)
 
             try:

@@ -288,7 +288,7 @@ def check(answer: tuple[int, str, bytes], context: Any) -> None:
 
 
 FUZZ = settings(
-    max_examples=800,
+    max_examples=600,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     database=None,
