@@ -187,6 +187,7 @@ class Ledger:
     completed: dict[str, int] = field(default_factory=dict)
     failed_final: set[str] = field(default_factory=set)
     claims: int = 0
+    last_claim_at: float = 0.0  # monotonic: shows the service serving again after the faults
     odd: list[str] = field(default_factory=list)  # answers of a shape no client expects
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -291,6 +292,7 @@ def agent_loop(client: McpClient, queues: list[str], stop: threading.Event, seed
             continue
         with client.ledger.lock:
             client.ledger.claims += 1
+            client.ledger.last_claim_at = time.monotonic()
         time.sleep(rng.uniform(0, 0.03))  # the work: holds the claim, so caps bite
         try:
             finish(client, rng, todo["id"], todo["attempt"])
