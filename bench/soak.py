@@ -2,8 +2,9 @@
 queues over MCP through real gunicorn while creators add work, optionally under faults.
 
 ``python -m bench.soak`` (``make soak``) runs 60 s against an embedded PostgreSQL of its own (or
-``--database-url``), kills one gunicorn worker with SIGKILL a quarter of the way in and, on the
-embedded server, stops and restarts PostgreSQL half-way; then it checks, exactly:
+``--database-url``), kills one gunicorn worker with SIGKILL at 20 % of the run and, on the
+embedded server, stops PostgreSQL at 40 % and starts it again a second later (same data
+directory and socket); ``--no-faults`` skips both. Then it checks, exactly:
 
 - R-NEVER: no admission window's ``used`` exceeds its limit, and no sample of the database
   (taken every few milliseconds in one statement) saw more claimed todos in a queue than its cap;
@@ -14,7 +15,12 @@ embedded server, stops and restarts PostgreSQL half-way; then it checks, exactly
   queue's pending reads say why: R-DERIVED), waiting for a retry that is not overdue, or claimed
   (under a live lease, or lapsed and claimable again, or lapsed and due for the reaper);
 - no 5xx and no connection error outside the fault windows; inside them only 503 answers
-  and connection errors (a killed worker's sockets, the database being down).
+  and connection errors (a killed worker's sockets, the database being down); any other 4xx
+  to a well-formed request is a violation too (e.g. a session lost across a restart);
+- the service recovers by itself: the worker is respawned, /readyz answers 200 again, and
+  the run continues past each fault's grace so the steady state after it is judged as well.
+
+It also reports the claim rate and each gunicorn worker's peak RSS during the load.
 
 The test suite reuses it (``tests/test_soak.py``) with 10 s runs. Exit status 1 on a violation.
 """
