@@ -1,9 +1,9 @@
 """schemathesis over the operator REST API (SPEC §10 R-SAFE): every operation of
-/api/v1/openapi.json, with an admin's bearer token and path parameters that name real
-(seeded) endpoints, todos, grants and budgeted queues as often as random ones. The check is
-schemathesis's "not a server error": no input reaches a 5xx, and none hangs (each request
-runs under a deadline). Examples are bounded per operation so the module stays well under a
-minute.
+/api/v1/openapi.json, with the bearer token of an owner, an admin or a stranger, and path
+parameters that name real (seeded) endpoints, todos, grants and budgeted queues as often as
+random ones. The check is schemathesis's "not a server error": no input reaches a 5xx, and
+none hangs (each request runs under a deadline). Examples are bounded per operation so the
+module stays well under a minute.
 """
 
 from __future__ import annotations
@@ -31,28 +31,29 @@ REQUEST_SECONDS = 10.0
 
 @dataclass(frozen=True)
 class Seeds:
-    token: str
+    tokens: list[str]  # the owner's, an admin's, a stranger's: each authorization path
     path_values: dict[str, list[str]]
 
 
 @pytest.fixture(scope="module")
 def seeds(app: Flask) -> Seeds:
-    """An admin, an endpoint with a grant, todos in several states and a budgeted queue."""
-    admin = Operator(app.test_client(), new_token(app, admin=True))
-    slug = admin.endpoint()["slug"]
-    grant = admin.ok("POST", f"/endpoints/{slug}/grants", {}, 201)
-    todos = [admin.todo(slug, "q")["id"] for _ in range(6)]
-    admin.ok("POST", f"/todos/{todos[1]}/claim", {})
-    claimed = admin.ok("POST", f"/todos/{todos[2]}/claim", {})
-    admin.ok("POST", f"/todos/{todos[2]}/complete", {"attempt": claimed["todo"]["attempt"]})
+    """An owner's endpoint with a grant, todos in several states and a budgeted queue; an
+    admin; a stranger who owns nothing."""
+    owner = Operator(app.test_client(), new_token(app))
+    slug = owner.endpoint()["slug"]
+    grant = owner.ok("POST", f"/endpoints/{slug}/grants", {}, 201)
+    todos = [owner.todo(slug, "q")["id"] for _ in range(6)]
+    owner.ok("POST", f"/todos/{todos[1]}/claim", {})
+    claimed = owner.ok("POST", f"/todos/{todos[2]}/claim", {})
+    owner.ok("POST", f"/todos/{todos[2]}/complete", {"attempt": claimed["todo"]["attempt"]})
     policy = {
         "max_in_flight": 2,
         "max_claims_per_window": 10,
         "window": {"period": "day", "tz": "Europe/Paris", "start": "09:00", "weekday": None},
     }
-    admin.ok("PUT", f"/admission/endpoint:{slug}/q", policy)
+    owner.ok("PUT", f"/admission/endpoint:{slug}/q", policy)
     return Seeds(
-        admin.token or "",
+        [owner.token or "", new_token(app, admin=True), new_token(app)],
         {
             "slug": [slug],
             "id": [*todos, grant["id"]],
@@ -96,21 +97,24 @@ def test_no_input_reaches_a_server_error(app: Flask, seeds: Seeds) -> None:
     """Each operation, with data that fits the schema and data that does not. (Driven through
     hypothesis directly: schemathesis's lazy pytest fixture loader does not run on pytest 9.)"""
     schema = load_schema(app, seeds)
-    auth = {"Authorization": f"Bearer {seeds.token}"}
     failures: list[str] = []
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 20, [op.label for op in operations]
     for operation in operations:
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
 
-            @given(case=operation.as_strategy(generation_mode=mode))
+            @given(
+                case=operation.as_strategy(generation_mode=mode),
+                token=st.sampled_from(seeds.tokens),
+            )
             @settings(
                 max_examples=EXAMPLES_PER_OPERATION,
                 deadline=None,
                 suppress_health_check=list(HealthCheck),
                 database=None,
             )
-            def exercise(case: Any) -> None:
+            def exercise(case: Any, token: str) -> None:
+                auth = {"Authorization": f"Bearer {token}"}
                 response = within_deadline(lambda: case.call(headers=auth))
                 case.validate_response(response, checks=[not_a_server_error], headers=auth)
 
@@ -128,7 +132,7 @@ def test_deep_json_bodies_are_refused_or_stored(app: Flask, seeds: Seeds, depth:
     opened = json.dumps({"endpoint": slug, "queue": "deep", "title": "t"})
     body = opened[:-1] + ', "payload": {"k": ' + "[" * depth + "1" + "]" * depth + "}}"
     client = app.test_client()
-    headers = {"Authorization": f"Bearer {seeds.token}", "Content-Type": "application/json"}
+    headers = {"Authorization": f"Bearer {seeds.tokens[0]}", "Content-Type": "application/json"}
     made = client.post(f"{API}/todos", data=body, headers=headers)
     assert made.status_code in (201, 400, 413, 422), made.get_data(as_text=True)[:300]
     if made.status_code == 201:
