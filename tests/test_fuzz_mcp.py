@@ -43,6 +43,7 @@ class Target:
     app: Flask
     token: str
     other_token: str
+    scoped_token: str  # a grant on the same endpoint limited to queue "q"
     session: str  # the fuzzer may end it (DELETE): tests that need one live open their own
     todo_ids: list[str]
 
@@ -67,11 +68,13 @@ def initialize(app: Flask, token: str) -> str:
 def target(app: Flask, module_db: str) -> Iterator[Target]:
     agent = make_agent(module_db, verbs=ALL_VERBS)
     other = make_agent(module_db)
+    scoped = make_agent(module_db, verbs=ALL_VERBS, queues=["q"], endpoint=agent)
     todo_ids = []
-    for _ in range(5):
-        made = call_tool(app, agent.token, "create_todo", {"queue": "q", "title": "t"})
+    for queue in ("q", "q", "q", "q", "elsewhere"):  # the last is outside the scoped grant
+        made = call_tool(app, agent.token, "create_todo", {"queue": queue, "title": "t"})
         todo_ids.append(json.loads(made[2])["result"]["structuredContent"]["todo"]["id"])
-    yield Target(app, agent.token, other.token, initialize(app, agent.token), todo_ids)
+    session = initialize(app, agent.token)
+    yield Target(app, agent.token, other.token, scoped.token, session, todo_ids)
 
 
 # --- strategies -----------------------------------------------------------------------------
@@ -311,19 +314,19 @@ def test_tool_calls_with_hostile_arguments_are_answered_below_500(
 ) -> None:
     """Well-formed envelopes (both eras), so the arguments reach every tool's validation and
     service code."""
-    session = live_session(target)
+    token = data.draw(st.sampled_from([target.token, target.scoped_token]))
     name = data.draw(st.sampled_from(TOOLS))
     args = data.draw(arguments(target))
     modern = data.draw(st.booleans())
     params = {"name": name, "arguments": args}
-    headers = {"Authorization": f"Bearer {target.token}", "Content-Type": "application/json"}
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     if modern:
         params["_meta"] = META
         headers.update(
             {"MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/call", "Mcp-Name": name}
         )
     else:
-        headers["Mcp-Session-Id"] = session
+        headers["Mcp-Session-Id"] = live_session(target.app, token)
     body = {
         "jsonrpc": "2.0",
         "id": data.draw(st.integers(0, 10**6)),
@@ -395,8 +398,8 @@ def call_tool(
 _sessions: dict[str, str] = {}
 
 
-def live_session(target: Target) -> str:
-    """A session of the target's agent that the fuzzer never names (so never ends)."""
-    if target.token not in _sessions:
-        _sessions[target.token] = initialize(target.app, target.token)
-    return _sessions[target.token]
+def live_session(app: Flask, token: str) -> str:
+    """A session of the grant behind ``token`` that the fuzzer never names (so never ends)."""
+    if token not in _sessions:
+        _sessions[token] = initialize(app, token)
+    return _sessions[token]
