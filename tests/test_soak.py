@@ -18,11 +18,15 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from flask import Flask
 
 from bench import soak
+from switchboard import db
+from switchboard.models import Actor
 from switchboard.pgserver import EmbeddedPostgres
+from switchboard.services import todos
 from tests.api_support import new_token, running_app
 from tests.conftest import create_database
 from tests.mcp_fixtures import META, MODERN, make_agent
@@ -75,8 +79,6 @@ def test_a_postgres_restart_is_503_never_500(
     and the pool replaces them: the request after that succeeds."""
     pg, admin_url = dedicated_pg
     url = create_database(admin_url, "sb_restart")
-    from switchboard import db
-
     db.migrate(url)
     agent = make_agent(url)
     with running_app(url, tmp_path) as app:
@@ -114,3 +116,52 @@ def answers(app: Flask, operator: str, agent: str) -> tuple[int, int]:
         },
     )
     return rest.status_code, mcp.status_code
+
+
+def test_the_checks_catch_what_they_claim_to(clone_db: str) -> None:
+    """The checker is not vacuous: on a database with real claims it finds nothing, and each
+    kind of damage it is meant to find, it finds."""
+    layout = soak.setup(clone_db, seconds=10, agents=2)
+    database = db.Database(clone_db, min_size=1, max_size=2)
+    database.open(wait=True)
+    try:
+        for queue in layout.queues:
+            claimed = todos.claim_next(
+                database,
+                endpoint_id=queue.endpoint_id,
+                granted_queues=None,
+                asked_queues=[queue.name],
+                actor=Actor(endpoint_id=queue.endpoint_id),
+            )
+            assert isinstance(claimed, todos.Claimed)
+    finally:
+        database.close()
+    ledger = soak.Ledger()
+    assert soak.check_database(clone_db, layout, ledger, {}) == []
+
+    for damage, kind in [
+        ("UPDATE admission_windows SET used = used + 1", "R-CHARGE"),
+        ("DELETE FROM todo_attempts WHERE id = (SELECT max(id) FROM todo_attempts)", "attempts"),
+        (
+            "UPDATE todos SET state = 'failed', last_error = NULL"
+            " WHERE id = (SELECT id FROM todos WHERE state = 'pending' LIMIT 1)",
+            "stuck",
+        ),
+    ]:
+        with psycopg.connect(clone_db, autocommit=True) as conn:
+            conn.execute(damage)  # type: ignore[arg-type]
+        found = soak.check_database(clone_db, layout, ledger, {})
+        assert any(kind in item for item in found), (kind, found)
+    ledger.created.add("00000000-0000-0000-0000-000000000000")
+    assert any("lost" in item for item in soak.check_database(clone_db, layout, ledger, {}))
+
+    samples = soak.Samples()
+    soak.record(samples, (layout.queues[0].endpoint_id, "b0"), 1, None, 2, None)
+    soak.record(samples, (layout.queues[2].endpoint_id, "b2"), None, 25, 0, 26)
+    assert [v.split(":")[0] for v in samples.violations] == ["R-NEVER", "R-NEVER"]
+
+    # A 503 inside a fault window is allowed; a 500 never, a 503 after the grace neither.
+    answers = soak.Ledger(failures=[(5.0, "500", "a"), (5.0, "503", "b"), (50.0, "503", "c")])
+    window = soak.FaultWindow("restart postgres", start=4.0, recovered=6.0)
+    found = soak.check_answers(answers, [window])
+    assert len(found) == 2 and "during a fault" in found[0] and "steady state" in found[1], found
