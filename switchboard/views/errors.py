@@ -100,9 +100,10 @@ def _http(error: HTTPException) -> tuple[Response, int]:
 
 def _unavailable(error: psycopg.OperationalError) -> tuple[Response, int]:
     # The database is down, restarting, or broke a pooled connection (which the pool then
-    # discards): the client should retry, as the MCP endpoint tells its callers too (R-FAULT).
+    # discards); deadlocks and serialization failures are OperationalErrors too. Either way
+    # the client should retry, as the MCP endpoint tells its callers (R-FAULT).
     log.warning("request failed: database unavailable: %s", error)
-    body = error_body("unavailable", "the database cannot be reached; retry later")
+    body = error_body("unavailable", "the database could not serve the request; retry later")
     response = jsonify(body)
     response.headers["Retry-After"] = "5"
     return response, 503
