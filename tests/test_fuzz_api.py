@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
+from tests import test_fuzz_mcp as fuzz_mcp
 from tests.api_support import API, Operator, new_token
 
 EXAMPLES_PER_OPERATION = 30
@@ -140,3 +141,67 @@ def test_deep_json_bodies_are_refused_or_stored(app: Flask, seeds: Seeds, depth:
         assert read.status_code == 200
         listed = client.get(f"{API}/todos", query_string={"queue": "deep"}, headers=headers)
         assert listed.status_code == 200
+
+
+def test_raw_hostile_bodies_and_queries_are_answered_below_500(app: Flask, seeds: Seeds) -> None:
+    """What schemathesis does not send: bodies with NUL and lone surrogates (escaped and as
+    invalid UTF-8), odd content types, and query strings of any text, on every route."""
+    routes = [
+        (method, rule.rule)
+        for rule in app.url_map.iter_rules()
+        if rule.rule.startswith(API)
+        for method in sorted(rule.methods - {"HEAD", "OPTIONS"})
+    ]
+    names = {"slug": seeds.path_values["slug"], "id": seeds.path_values["id"]}
+    names |= {"scope": seeds.path_values["scope"], "queue": seeds.path_values["queue"]}
+
+    @given(
+        route=st.sampled_from(routes),
+        picks=st.dictionaries(st.sampled_from(sorted(names)), st.integers(0, 10), max_size=4),
+        body=fuzz_mcp.values,
+        raw=st.booleans(),
+        content_type=st.sampled_from(
+            ["application/json", "application/json; charset=latin-1", "text/plain", "", "x/y"]
+        ),
+        query=st.dictionaries(
+            st.sampled_from(["endpoint", "queue", "state", "limit", "after", "x"]),
+            fuzz_mcp.text,
+            max_size=3,
+        ),
+        token=st.sampled_from(seeds.tokens),
+    )
+    @settings(
+        max_examples=800,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        database=None,
+    )
+    def exercise(
+        route: tuple[str, str],
+        picks: dict[str, int],
+        body: Any,
+        raw: bool,
+        content_type: str,
+        query: dict[str, str],
+        token: str,
+    ) -> None:
+        method, rule = route
+        path = rule
+        for name, choices in names.items():
+            value = choices[picks.get(name, 0) % len(choices)]
+            path = path.replace(f"<uuid:{name}>", value).replace(f"<{name}>", value)
+        data = (
+            json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")
+            if raw
+            else json.dumps(body).encode()
+        )
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": content_type}
+        safe_query = {k: v.encode("utf-8", "surrogatepass") for k, v in query.items()}
+        response = within_deadline(
+            lambda: app.test_client().open(
+                path, method=method, data=data, headers=headers, query_string=safe_query
+            )
+        )
+        assert response.status_code < 500, (method, path, data[:300], query, response.data[:300])
+
+    exercise()
