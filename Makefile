@@ -40,5 +40,11 @@ bench: install
 	$(BIN)/python -m bench.claim
 	$(BIN)/python -m bench.mcp
 
+# Load test (bench/soak.py): 50 agents over MCP through gunicorn for 60 s, draining budgeted and
+# open queues while creators add work, a worker killed and PostgreSQL restarted mid-run.
+.PHONY: soak
+soak: install
+	$(BIN)/python -m bench.soak
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

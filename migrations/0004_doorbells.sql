@@ -78,8 +78,11 @@ CREATE INDEX idx_notify_deliveries_finished ON notify_deliveries (finished_at)
 -- or a claim refused (somebody is now waiting for the queue to open); the reopen sweep clears
 -- it, under the row lock, when the queue is claimable again, and rings once. Clearing is the
 -- memory of that reopening: a second process or tick finds nothing to clear.
+-- No foreign key to admission_policies: its check would take KEY SHARE on the policy row,
+-- which every budgeted claim locks FOR UPDATE, and gate writes would then queue behind claims
+-- (and deadlock with them). Gates of deleted policies are pruned by the sweep.
 CREATE TABLE admission_gates (
-    policy_id             uuid PRIMARY KEY REFERENCES admission_policies(id) ON DELETE CASCADE,
+    policy_id             uuid PRIMARY KEY,
     deferred_since        timestamptz,
     deferred_reason       text,
     reopened_at           timestamptz,

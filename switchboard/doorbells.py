@@ -286,10 +286,12 @@ def heartbeat(
 
 
 def prune_presence(db: Database, *, now: datetime | None = None) -> int:
-    """Forget presence rows of processes that died with streams open."""
+    """Forget presence rows of processes that died with streams open, and the gates of
+    deleted policies; returns how many rows went."""
     at = now or datetime.now(UTC)
     with db.transaction() as conn:
-        return store.streams_prune(conn, before=at - _attached_window * 4)
+        gone = store.streams_prune(conn, before=at - _attached_window * 4)
+        return gone + store.gates_prune(conn)
 
 
 # --- notify-hook delivery ------------------------------------------------------------------------

@@ -36,13 +36,19 @@ def no_nul(value: Any) -> None:
 
 def has_nul(value: Any) -> bool:
     """Whether a string anywhere in the JSON value (keys included) holds U+0000, which
-    PostgreSQL text and jsonb cannot store."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(has_nul(key) or has_nul(item) for key, item in value.items())
-    if isinstance(value, list):
-        return any(has_nul(item) for item in value)
+    PostgreSQL text and jsonb cannot store. Iterative: a deeply nested value must not
+    exhaust the interpreter's recursion limit."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
     return False
 
 

@@ -352,6 +352,7 @@ def heartbeat(call: Call) -> dict[str, Any]:
     """Extend the lease; raises NotFound, or Conflict for a stale attempt."""
     args = call.args
     with call.db.transaction() as conn:
+        _granted(call, conn, args["id"])
         todo = todos.heartbeat(
             conn,
             id=args["id"],
@@ -374,6 +375,7 @@ def complete(call: Call) -> dict[str, Any]:
     """Finish as done; raises NotFound, or Conflict for a stale attempt."""
     args = call.args
     with call.db.transaction() as conn:
+        _granted(call, conn, args["id"])
         todo = todos.complete(
             conn,
             id=args["id"],
@@ -398,6 +400,7 @@ def fail(call: Call) -> dict[str, Any]:
     """Fail (retry_wait or failed); raises NotFound, or Conflict for a stale attempt."""
     args = call.args
     with call.db.transaction() as conn:
+        _granted(call, conn, args["id"])
         todo = todos.fail(
             conn,
             id=args["id"],
@@ -421,6 +424,7 @@ def release(call: Call) -> dict[str, Any]:
     """Give the claim back (pending); raises NotFound, or Conflict for a stale attempt."""
     args = call.args
     with call.db.transaction() as conn:
+        _granted(call, conn, args["id"])
         todo = todos.release(
             conn,
             id=args["id"],
@@ -429,6 +433,14 @@ def release(call: Call) -> dict[str, Any]:
             actor=_actor(call),
         )
         return _todo(call, todo, conn)
+
+
+def _granted(call: Call, conn: Connection[Any], id: UUID) -> None:
+    """A queue-scoped grant reaches only its queues' claims: NotFound otherwise, as get_todo
+    answers (unscoped grants skip the read)."""
+    grant = call.agent.grant
+    if grant.queues is not None:
+        todos.get(conn, id=id, endpoint_id=grant.endpoint_id, granted_queues=grant.queues)
 
 
 # --- list cursors -----------------------------------------------------------------------------

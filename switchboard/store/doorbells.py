@@ -294,6 +294,10 @@ def gate_reopen(
     return conn.execute(_Q["gate_reopen"], params).fetchone() is not None
 
 
+def gates_prune(conn: Connection[Any]) -> int:
+    return conn.execute(_Q["gates_prune"]).rowcount
+
+
 # --- sweep reads ---------------------------------------------------------------------------------
 
 

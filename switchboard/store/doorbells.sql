@@ -159,13 +159,24 @@ FROM notify_deliveries WHERE endpoint_id = %(endpoint_id)s
 ORDER BY created_at, id
 
 -- name: gate_defer
--- Somebody now waits for this budgeted queue to open (a gated ring, a refused claim).
-INSERT INTO admission_gates AS g (policy_id, deferred_since, deferred_reason)
-SELECT p.id, %(now)s, %(reason)s FROM admission_policies p
-WHERE p.endpoint_id = %(endpoint_id)s AND p.queue = %(queue)s
-ON CONFLICT (policy_id) DO UPDATE
-SET deferred_since = excluded.deferred_since, deferred_reason = excluded.deferred_reason
-WHERE g.deferred_since IS NULL
+-- Somebody now waits for this budgeted queue to open (a gated ring, a refused claim). Never
+-- waits: a gate row another transaction holds is being reopened or deferred right now.
+WITH policy AS (
+    SELECT p.id FROM admission_policies p
+    WHERE p.endpoint_id = %(endpoint_id)s AND p.queue = %(queue)s
+), created AS (
+    INSERT INTO admission_gates (policy_id, deferred_since, deferred_reason)
+    SELECT id, %(now)s, %(reason)s FROM policy
+    ON CONFLICT (policy_id) DO NOTHING
+    RETURNING policy_id
+)
+UPDATE admission_gates g
+SET deferred_since = %(now)s, deferred_reason = %(reason)s
+WHERE g.policy_id = (
+    SELECT open.policy_id FROM admission_gates open JOIN policy ON policy.id = open.policy_id
+    WHERE open.deferred_since IS NULL
+    FOR UPDATE OF open SKIP LOCKED
+) AND NOT EXISTS (SELECT 1 FROM created)
 
 -- name: gates_deferred
 -- The deferred gates to look at: every one (the sweep), or one queue's (inline).
@@ -176,12 +187,23 @@ WHERE g.deferred_since IS NOT NULL
 ORDER BY g.deferred_since
 
 -- name: gate_reopen
--- Clear a deferred gate; the row lock makes one process (or tick) the one that clears it.
+-- Clear a deferred gate; the row lock makes one process (or tick) the one that clears it. A
+-- gate another transaction holds is skipped, never waited for: that one rings, or the next
+-- tick does.
 UPDATE admission_gates
 SET deferred_since = NULL, deferred_reason = NULL,
     reopened_at = %(now)s, reopened_window_start = %(window_start)s
-WHERE policy_id = %(policy_id)s AND deferred_since IS NOT NULL
+WHERE policy_id = (
+    SELECT policy_id FROM admission_gates
+    WHERE policy_id = %(policy_id)s AND deferred_since IS NOT NULL
+    FOR UPDATE SKIP LOCKED
+)
 RETURNING policy_id
+
+-- name: gates_prune
+-- Gates of policies that were deleted (no foreign key cascades them).
+DELETE FROM admission_gates g
+WHERE NOT EXISTS (SELECT 1 FROM admission_policies p WHERE p.id = g.policy_id)
 
 -- name: lapsed_queues
 -- Queues where a lease lapsed in (since, now] and a takeover is possible.

@@ -7,6 +7,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 from flask import Flask, Response, jsonify, render_template, request
 from werkzeug.exceptions import HTTPException
 
@@ -129,6 +130,19 @@ def _http(error: HTTPException) -> tuple[Response, int] | tuple[str, int]:
     return response, error.code or 500
 
 
+def _unavailable(error: psycopg.OperationalError) -> tuple[Response, int] | tuple[str, int]:
+    # The database is down, restarting, or broke a pooled connection (which the pool then
+    # discards); deadlocks and serialization failures are OperationalErrors too. Either way
+    # the client should retry, as the MCP endpoint tells its callers (R-FAULT).
+    log.warning("request failed: database unavailable: %s", error)
+    if _is_board():
+        return html_error(503, "Try again in a moment", "The database could not serve the page.")
+    body = error_body("unavailable", "the database could not serve the request; retry later")
+    response = jsonify(body)
+    response.headers["Retry-After"] = "5"
+    return response, 503
+
+
 def _unexpected(error: Exception) -> tuple[Response, int] | tuple[str, int]:
     log.exception("unhandled error", exc_info=error)
     if _is_board():
@@ -140,4 +154,5 @@ def init_app(app: Flask) -> None:
     """Answer every error as JSON, never with a trace."""
     app.register_error_handler(errors.SwitchboardError, _domain)
     app.register_error_handler(HTTPException, _http)
+    app.register_error_handler(psycopg.OperationalError, _unavailable)
     app.register_error_handler(Exception, _unexpected)
