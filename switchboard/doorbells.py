@@ -412,14 +412,20 @@ class Bell:
         self._hooks.shutdown(wait=False, cancel_futures=True)
 
     def _run(self) -> None:
+        outage = False  # warn once per outage, not every retry
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self.db.url, autocommit=True, connect_timeout=5) as conn:
                     conn.execute(f"LISTEN {BELL_CHANNEL}")
                     conn.execute(f"LISTEN {RING_CHANNEL}")
+                    if outage:
+                        log.warning("doorbell listener: database reachable again")
+                    outage = False
                     self._listen(conn)
             except psycopg.Error as exc:
-                log.warning("doorbell listener: database unavailable: %s", exc)
+                if not outage:
+                    log.warning("doorbell listener: database unavailable: %s", exc)
+                outage = True
                 self._stop.wait(2.0)
 
     def _listen(self, conn: Connection[Any]) -> None:
