@@ -432,7 +432,9 @@ class Bell:
         self._pay()  # whatever was owed while nobody listened
         while not self._stop.is_set():
             owed = rang = False
-            for note in conn.notifies(timeout=self.POLL_SECONDS, stop_after=256):
+            # stop_after=1: act on a notification as it arrives (a larger batch would wait for
+            # the timeout first); more that are queued come back at once on the next call.
+            for note in conn.notifies(timeout=self.POLL_SECONDS, stop_after=1):
                 if note.channel == RING_CHANNEL:
                     self._wake_endpoint(note.payload)
                     rang = True
