@@ -28,7 +28,8 @@ CREATE FUNCTION admission_gate(
     p_endpoint_id uuid, p_queue text, p_todo_id uuid, p_now timestamptz,
     p_queues text[], p_periods text[], p_tzs text[], p_starts text[], p_weekdays text[],
     p_window_starts timestamptz[], p_window_ends timestamptz[],
-    OUT refusal text, OUT budgeted boolean, OUT checked_window timestamptz,
+    OUT refusal text, OUT budgeted boolean,
+    OUT checked_window timestamptz, OUT checked_window_end timestamptz,
     OUT in_flight bigint, OUT used_before int, OUT used_after int,
     OUT current_max_in_flight int, OUT current_max_claims int,
     OUT earliest_lease_expiry timestamptz)
@@ -58,7 +59,8 @@ BEGIN
     END IF;
     IF pol.window_period IS NOT NULL THEN
         checked_window := p_window_starts[i];
-        IF NOT coalesce(p_now >= checked_window AND p_now < p_window_ends[i], false) THEN
+        checked_window_end := p_window_ends[i];
+        IF NOT coalesce(p_now >= checked_window AND p_now < checked_window_end, false) THEN
             refusal := 'window_moved';
             RETURN;
         END IF;

@@ -415,14 +415,20 @@ def _admission_outcome(window: Window | None, result: todos.Admission) -> Claime
             earliest_lease_expiry=result.earliest_lease_expiry,
         )
         return _Refused(result.queue, refusal)
-    after = admission.decide(
-        policy,
-        now=result.now,
-        in_flight=None if result.in_flight is None else result.in_flight + 1,
-        used_in=(result.window_start, result.used_after),
-        earliest_lease_expiry=None,
+    # Headroom after the claim, from what the gate read under the lock; the window's end was
+    # placed with its start, so no window arithmetic runs here.
+    used, limit = result.used_after, result.max_claims_per_window
+    return Claimed(
+        result.claim,
+        Headroom(
+            result.max_in_flight,
+            None if result.in_flight is None else result.in_flight + 1,
+            limit,
+            used,
+            max(limit - used, 0) if limit is not None and used is not None else None,
+            result.window_end,
+        ),
     )
-    return Claimed(result.claim, admission.headroom(after))
 
 
 def _claimed_or_raise(outcome: Claimed | _Refused) -> Claimed:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -76,16 +77,31 @@ class Budgets:
     window_starts: list[datetime | None]
     window_ends: list[datetime | None]
 
-    def params(self) -> dict[str, Any]:
+    @functools.cached_property
+    def _params(self) -> dict[str, str]:
+        # Array literals, built once per placement: the server parses them; psycopg would
+        # inspect and dump seven lists on every claim.
         return {
-            "b_queues": self.queues,
-            "b_periods": self.periods,
-            "b_tzs": self.tzs,
-            "b_starts": self.starts,
-            "b_weekdays": self.weekdays,
-            "b_window_starts": self.window_starts,
-            "b_window_ends": self.window_ends,
+            "b_queues": _array(self.queues),
+            "b_periods": _array(self.periods),
+            "b_tzs": _array(self.tzs),
+            "b_starts": _array(self.starts),
+            "b_weekdays": _array(self.weekdays),
+            "b_window_starts": _array(t.isoformat() if t else None for t in self.window_starts),
+            "b_window_ends": _array(t.isoformat() if t else None for t in self.window_ends),
         }
+
+    def params(self) -> dict[str, str]:
+        return self._params
+
+
+def _array(values: Iterable[str | None]) -> str:
+    """A PostgreSQL array literal of text values (NULL for None)."""
+    quoted = (
+        "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        for v in values
+    )
+    return "{" + ",".join(quoted) + "}"
 
 
 @dataclass(frozen=True)
@@ -99,6 +115,7 @@ class Admission:
     # also "policy_changed" / "window_moved": the caller's assumption was stale; start over
     refusal: str | None
     window_start: datetime | None  # the window checked (and charged on a claim)
+    window_end: datetime | None
     in_flight: int | None  # before this claim, the candidate excluded
     used_before: int | None
     used_after: int | None
@@ -137,6 +154,7 @@ def _admission_row(**columns: Any) -> Admission:
         budgeted=columns["budgeted"],
         refusal=columns["refusal"],
         window_start=columns["checked_window"],
+        window_end=columns["checked_window_end"],
         in_flight=columns["in_flight"],
         used_before=columns["used_before"],
         used_after=columns["used_after"],
