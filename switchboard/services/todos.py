@@ -190,7 +190,8 @@ class _PreReadHints:
             self._hints[key] = (time.monotonic() + self.ttl, hint)
 
 
-_HINTS = _PreReadHints(ttl_seconds=1.0)
+HINT_SECONDS = 1.0  # how long a pre-read is reused by claim_next
+_HINTS = _PreReadHints(ttl_seconds=HINT_SECONDS)
 
 
 def claim_next(
