@@ -59,6 +59,23 @@ WHERE id = (SELECT id FROM todos
             ORDER BY created_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)
 RETURNING id
 """
+# The budgeted reference (one hot queue): raw-min's claim admitted in the same statement — the
+# policy row locked, the window counter charged by a conditional upsert. No in-flight count, no
+# attempt row, no event: the least a one-statement exact admission can cost.
+RAW_BUDGETED: LiteralString = """
+WITH c AS (SELECT id FROM todos WHERE endpoint_id = %(endpoint_id)s AND queue = %(queue)s
+           AND state = 'pending' ORDER BY created_at, id LIMIT 1 FOR UPDATE SKIP LOCKED),
+p AS (SELECT p.id FROM admission_policies p, c
+      WHERE p.endpoint_id = %(endpoint_id)s AND p.queue = %(queue)s FOR UPDATE OF p),
+w AS (INSERT INTO admission_windows AS w (policy_id, window_start, used)
+      SELECT p.id, %(window_start)s, 1 FROM p
+      ON CONFLICT (policy_id, window_start) DO UPDATE SET used = w.used + 1
+      WHERE w.used < 1000000 RETURNING 1)
+UPDATE todos SET state = 'claimed', attempt = attempt + 1, claimed_at = now(),
+       lease_expires_at = now() + interval '300 s'
+WHERE id = (SELECT id FROM c) AND EXISTS (SELECT 1 FROM w)
+RETURNING id
+"""
 METHODS = ("store", "raw", "raw-min")
 # The store's cost taken apart (timed hot-queue runs): its function on a dedicated connection
 # (no pool), and the raw statement between BEGIN and COMMIT (the store's round trips).
@@ -421,7 +438,7 @@ def claimers(
         if method == "store":
             yield store_claimers(stack, url, fixture.endpoint_id, threads, queues, budgets)
             return
-        autocommit = method in ("raw", "raw-min")
+        autocommit = method in ("raw", "raw-min", "raw-budgeted")
         result: list[Claimer] = []
         for i in range(threads):
             conn = stack.enter_context(psycopg.connect(url, autocommit=autocommit))
@@ -439,6 +456,10 @@ def connection_claimer(
     if method in ("raw", "raw-tx"):
         return RawClaimer(conn, *store_statement(fixture.endpoint_id, queues))
     names = queues if queues is not None else fixture.queues
+    if method == "raw-budgeted":
+        start = fixture.budgets(names).window_starts[0]
+        params = {"endpoint_id": fixture.endpoint_id, "queue": names[0], "window_start": start}
+        return RawClaimer(conn, RAW_BUDGETED, params)
     return RawClaimer(conn, RAW_MIN, (fixture.endpoint_id, names[i % len(names)]))
 
 
@@ -677,27 +698,31 @@ def budgeted(
     queues: Sequence[str],
     threads: Sequence[int],
     target: float,
+    reference: bool = False,
 ) -> None:
     """The claim service on the same queues without and with a policy that never refuses
     (every claim goes through the gate and is charged), interleaved round by round
     (unbudgeted, budgeted, unbudgeted, budgeted, ...), each run from the same reset state; the
-    rate of each side is its claims over its time, summed over the rounds."""
+    rate of each side is its claims over its time, summed over the rounds. ``reference``: the
+    raw pair too in each round (raw-min, and RAW_BUDGETED: the least a one-statement exact
+    admission costs), so the bound of serialized admission is measured beside ours."""
     asked = list(queues) if len(queues) == 1 else None
+    pairs = [("unbudgeted", "store", ()), ("budgeted", "store", queues)]
+    if reference:
+        pairs += [("raw-min", "raw-min", queues), ("raw-budgeted", "raw-budgeted", queues)]
     for n in threads:
-        claims = {"unbudgeted": 0, "budgeted": 0}
-        seconds = {"unbudgeted": 0.0, "budgeted": 0.0}
+        claims = {label: 0 for label, _, _ in pairs}
+        seconds = {label: 0.0 for label, _, _ in pairs}
         for _ in range(cfg.rounds):
-            for label, policed in (("unbudgeted", ()), ("budgeted", queues)):
+            for label, method, policed in pairs:
                 fixture.budget(policed)
                 fixture.reset()
                 time.sleep(service.HINT_SECONDS)  # the claim path's cached pre-read expires
-                budgets = fixture.budgets(policed) if policed else None
-                result = measure(
-                    "store", url, fixture, n, Stop(seconds=cfg.seconds), asked, budgets
-                )
+                budgets = fixture.budgets(policed) if policed and method == "store" else None
+                result = measure(method, url, fixture, n, Stop(seconds=cfg.seconds), asked, budgets)
                 claims[label] += result.count
                 seconds[label] += result.ended - result.started
-                report.line(f"{scenario:<12} {label:<10} x{n}: {result.rate:8,.0f}/s")
+                report.line(f"{scenario:<12} {label:<12} x{n}: {result.rate:8,.0f}/s")
         fixture.budget(())
         rates = {label: claims[label] / seconds[label] for label in claims}
         how = f"{cfg.rounds} x {cfg.seconds:g} s interleaved"
@@ -714,6 +739,20 @@ def budgeted(
                 target,
             )
         )
+        if reference:
+            report.add(Row(scenario, "raw-min", n, how, rates["raw-min"]))
+            report.add(
+                Row(
+                    scenario,
+                    "raw-budgeted",
+                    n,
+                    how,
+                    rates["raw-budgeted"],
+                    rates["raw-budgeted"] / rates["raw-min"],
+                    "raw-budgeted/raw-min",
+                    note="the bound: one-statement exact admission",
+                )
+            )
 
 
 def cpu_profiles(cfg: Config, url: str, fixture: Fixture, report: Report) -> None:
@@ -1056,7 +1095,9 @@ def bench(cfg: Config, url: str, fixture: Fixture, report: Report) -> None:
             timed(cfg, url, fixture, report, f"{big} timed", threads, [HOT_QUEUE], BREAKDOWN)
     sustained(cfg, url, fixture, report)
     explain(url, fixture, [HOT_QUEUE], "after the sustained run", report)
-    budgeted(cfg, url, fixture, report, f"budget {big}", [HOT_QUEUE], (1, 4, 16), 0.7)
+    budgeted(
+        cfg, url, fixture, report, f"budget {big}", [HOT_QUEUE], (1, 4, 16), 0.7, reference=True
+    )
     cpu_profiles(cfg, url, fixture, report)
     names = [f"q{i:02d}" for i in range(cfg.spread_queues)]
     report.line(
@@ -1066,15 +1107,9 @@ def bench(cfg: Config, url: str, fixture: Fixture, report: Report) -> None:
     explain(
         url, fixture, None, f"{_size(cfg.big)} over {cfg.spread_queues} queues, queues=None", report
     )
-    timed(
-        cfg,
-        url,
-        fixture,
-        report,
-        f"{cfg.spread_queues}q {_size(cfg.big)}",
-        cfg.spread_threads,
-        None,
-    )
+    if cfg.breakdown:
+        spread = f"{cfg.spread_queues}q {_size(cfg.big)}"
+        timed(cfg, url, fixture, report, spread, cfg.spread_threads, None)
     budgeted(
         cfg,
         url,
@@ -1141,6 +1176,8 @@ how each figure is computed (every method: N threads, one connection each, count
               via conn.execute on an autocommit connection (implicit transaction, tuple rows)
   raw-min     UPDATE ... WHERE id = (SELECT ... LIMIT 1 FOR UPDATE SKIP LOCKED): no attempt row,
               no event, one queue (20q: thread i takes queue i mod 20)
+  raw-budgeted raw-min admitted in the same statement: policy row FOR UPDATE, window counter
+              charged by a conditional upsert (the least one-statement exact admission costs)
   "{small:,} claims, median of {repeats}": N threads claim exactly {small:,} todos (the hot 1k
               queue: all of it); rate = {small:,} / wall time from the start barrier to the last
               commit; every round starts from the same state (1k: re-seeded; big: claimed rows

@@ -26,9 +26,10 @@
 -- first two after re-reading the policies with the database clock; nothing is written then.
 CREATE FUNCTION admission_gate(
     p_endpoint_id uuid, p_queue text, p_todo_id uuid, p_now timestamptz,
-    p_queues text[], p_periods text[], p_tzs text[], p_starts text[], p_weekdays text[],
-    p_window_starts timestamptz[], p_window_ends timestamptz[],
-    OUT refusal text, OUT budgeted boolean,
+    -- One row per queue the caller assumes budgeted: queue, window period, tz, start, weekday,
+    -- window start, window end (text; the instants ISO 8601 with offset; NULL: no window).
+    p_budgets text[],
+    OUT gate_queue text, OUT gate_now timestamptz, OUT refusal text, OUT budgeted boolean,
     OUT checked_window timestamptz, OUT checked_window_end timestamptz,
     OUT in_flight bigint, OUT used_before int, OUT used_after int,
     OUT current_max_in_flight int, OUT current_max_claims int,
@@ -38,6 +39,8 @@ DECLARE
     pol admission_policies;
     i int;
 BEGIN
+    gate_queue := p_queue;
+    gate_now := p_now;
     budgeted := false;
     SELECT * INTO pol FROM admission_policies p
     WHERE p.endpoint_id = p_endpoint_id AND p.queue = p_queue
@@ -51,15 +54,21 @@ BEGIN
     budgeted := true;
     current_max_in_flight := pol.max_in_flight;
     current_max_claims := pol.max_claims_per_window;
-    i := array_position(p_queues, p_queue);
+    FOR j IN 1 .. coalesce(array_length(p_budgets, 1), 0) LOOP
+        IF p_budgets[j][1] = p_queue THEN
+            i := j;
+            EXIT;
+        END IF;
+    END LOOP;
     IF i IS NULL OR (pol.window_period, pol.window_tz, pol.window_start, pol.window_weekday)
-            IS DISTINCT FROM (p_periods[i], p_tzs[i], p_starts[i], p_weekdays[i]) THEN
+            IS DISTINCT FROM (p_budgets[i][2], p_budgets[i][3], p_budgets[i][4], p_budgets[i][5])
+    THEN
         refusal := 'policy_changed';
         RETURN;
     END IF;
     IF pol.window_period IS NOT NULL THEN
-        checked_window := p_window_starts[i];
-        checked_window_end := p_window_ends[i];
+        checked_window := p_budgets[i][6]::timestamptz;
+        checked_window_end := p_budgets[i][7]::timestamptz;
         IF NOT coalesce(p_now >= checked_window AND p_now < checked_window_end, false) THEN
             refusal := 'window_moved';
             RETURN;

@@ -134,7 +134,8 @@ def test_a_window_that_keeps_moving_fails_closed(
     result = next_claim(conn, endpoint)
     assert isinstance(result, Idle)
     assert [(d.queue, d.reason) for d in result.deferred] == [("q", "admission_unavailable")]
-    assert len(calls) == service._STALE_RETRIES + 2  # the stale tries, then q excluded: idle
+    # The stale tries, then q excluded: idle (the pass skipping busy queues, then waiting).
+    assert len(calls) == service._STALE_RETRIES + 3
     assert nothing_written(conn)
 
 
@@ -255,6 +256,7 @@ def test_the_budgeted_claim_is_index_driven(seeded: Any) -> None:  # noqa: F811
         "claimant_human_id": None,
         "actor": "x",
         "now": None,
+        "skip_busy": True,
         **budgets.params(),
     }
     query = b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + todos._CLAIM_NEXT_BUDGETED.encode()
@@ -273,3 +275,40 @@ def test_the_budgeted_claim_is_index_driven(seeded: Any) -> None:  # noqa: F811
     # The gate's own reads (policy, in-flight through idx_todos_claimed_endpoint_queue, the
     # window counter) are counted in the statement's buffers.
     assert plan["Plan"]["Shared Hit Blocks"] + plan["Plan"].get("Shared Read Blocks", 0) < 400
+
+
+def test_a_claim_over_several_queues_passes_over_a_busy_policy(clone_db: str) -> None:
+    """While another claim holds q0's policy, claim_next over [q0, q1] takes q1's todo at once
+    instead of waiting; asked for q0 alone it waits, and is admitted once the holder ends."""
+    with psycopg.connect(clone_db) as setup:
+        owner = make_human(setup)
+        endpoint = make_endpoint(setup, owner)
+        add(setup, endpoint, "q0", n=2)  # older than q1's
+        add(setup, endpoint, "q1", n=1)
+        for queue in ("q0", "q1"):
+            budget(setup, endpoint, owner, queue, max_claims_per_window=5, window=NY_DAY)
+    db = Database(clone_db, min_size=1, max_size=3)
+    db.open(wait=True)
+    actor = Actor(endpoint_id=endpoint.id)
+
+    def claim(queues: list[str]) -> Any:
+        return service.claim_next(
+            db, endpoint_id=endpoint.id, granted_queues=None, asked_queues=queues, actor=actor
+        )
+
+    waited: list[Any] = []
+    try:
+        with psycopg.connect(clone_db) as holder:
+            holder.execute("SELECT 1 FROM admission_policies WHERE queue = 'q0' FOR UPDATE")
+            spread = claim(["q0", "q1"])
+            assert isinstance(spread, Claimed) and spread.claim.todo.queue == "q1"
+            waiter = threading.Thread(target=lambda: waited.append(claim(["q0"])))
+            waiter.start()
+            _wait_for_lock_waiter(clone_db)
+        waiter.join(timeout=20)
+    finally:
+        db.close()
+    [alone] = waited
+    assert isinstance(alone, Claimed) and alone.claim.todo.queue == "q0"
+    with psycopg.connect(clone_db) as check:
+        assert sorted(u for _, u in used(check)) == [1, 1]

@@ -233,7 +233,11 @@ def claim_next(
     refused: dict[str, Verdict] = {}
     at = now  # where windows are placed: pinned, the pre-read's database clock, else Python's
     stale = 0
-    # Bounded: each pass returns, refuses a queue not yet excluded, or counts a stale try.
+    # Over several queues, first pass over those whose policy another claim holds (the next
+    # queue instead of a wait); if that finds nothing, wait (R-ADMIT order is kept per queue).
+    skip_busy = queues is None or len(queues) > 1
+    # Bounded: each pass returns, refuses a queue not yet excluded, counts a stale try, or
+    # stops skipping busy queues.
     while True:
         if not isinstance(hint, _Budgeted):
             hint, exhausted, read_at = _pre_read(db, key, queues, now)
@@ -244,9 +248,13 @@ def claim_next(
                 conn,
                 budgets=hint.at(at or _python_now()),
                 excluded=sorted(refused),
+                skip_busy=skip_busy,
                 **common,
             )
         if result is None:
+            if skip_busy:  # the free queues had nothing: try again, waiting for busy ones
+                skip_busy = False
+                continue
             return Idle(_deferred(db, endpoint_id, refused, now))
         window = hint.policies.get(result.queue)
         outcome = _admission_outcome(window, result)

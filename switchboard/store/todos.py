@@ -21,11 +21,18 @@ _Q = load_queries("todos")
 # One claim tail (R-CLAIM) spliced into every claim path; claim_next and claim_todo go
 # through the admission gate first.
 _GATED = _Q["admit"].replace("{claim}", _Q["claim"].replace("{result}", _Q["claim_result"]))
-_CLAIM_NEXT = _Q["claim_next"].replace("{admit}", _GATED)
+_CLAIM_NEXT = (_Q["claim_next"].replace("{policy_free}", "").replace("{where_free}", "")).replace(
+    "{admit}", _GATED
+)
 _CLAIM_TODO = _Q["claim_todo"].replace("{admit}", _GATED)
 # Budgeted paths: the same candidate probes and tail with admission_gate between them.
 _GATE = _Q["gate"].replace("{claim}", _Q["claim"].replace("{result}", _Q["gate_result"]))
-_CLAIM_NEXT_BUDGETED = _Q["claim_next"].replace("{admit}", _GATE)
+_CLAIM_NEXT_BUDGETED = (
+    _Q["claim_next"]
+    .replace("{policy_free}", "\n" + _Q["policy_free"])
+    .replace("{where_free}", _Q["where_free"] + "\n")
+    .replace("{admit}", _GATE)
+)
 _CLAIM_ADMITTED = _Q["claim_admitted"].replace("{gate}", _GATE)
 _SWEEP_BATCH = 1000
 _TODO_FIELDS = tuple(Todo.__dataclass_fields__)
@@ -79,17 +86,19 @@ class Budgets:
 
     @functools.cached_property
     def _params(self) -> dict[str, str]:
-        # Array literals, built once per placement: the server parses them; psycopg would
-        # inspect and dump seven lists on every claim.
-        return {
-            "b_queues": _array(self.queues),
-            "b_periods": _array(self.periods),
-            "b_tzs": _array(self.tzs),
-            "b_starts": _array(self.starts),
-            "b_weekdays": _array(self.weekdays),
-            "b_window_starts": _array(t.isoformat() if t else None for t in self.window_starts),
-            "b_window_ends": _array(t.isoformat() if t else None for t in self.window_ends),
-        }
+        # One two-dimensional array literal, built once per placement: the server parses it;
+        # psycopg would inspect and dump seven lists on every claim.
+        rows = zip(
+            self.queues,
+            self.periods,
+            self.tzs,
+            self.starts,
+            self.weekdays,
+            (t.isoformat() if t else None for t in self.window_starts),
+            (t.isoformat() if t else None for t in self.window_ends),
+            strict=True,
+        )
+        return {"budgets": "{" + ",".join(_array(row) for row in rows) + "}"}
 
     def params(self) -> dict[str, str]:
         return self._params
@@ -149,8 +158,8 @@ def _gated_row(**columns: Any) -> Claim | Candidate:
 def _admission_row(**columns: Any) -> Admission:
     return Admission(
         claim=_claim(columns) if columns["id"] is not None else None,
-        queue=columns["found_queue"],
-        now=columns["found_now"],
+        queue=columns["gate_queue"],
+        now=columns["gate_now"],
         budgeted=columns["budgeted"],
         refusal=columns["refusal"],
         window_start=columns["checked_window"],
@@ -324,11 +333,14 @@ def claim_next_budgeted(
     actor: str,
     lease_seconds: int | None = None,
     excluded: Sequence[str] = (),
+    skip_busy: bool = False,
     now: datetime | None = None,
 ) -> Admission | None:
     """claim_next for queues that may have admission policies, in one statement: the oldest
     candidate is locked, admitted by its queue's policy (as ``budgets`` assumes it), claimed
-    and charged — or refused with nothing written. None when nothing is claimable."""
+    and charged — or refused with nothing written. None when nothing is claimable; with
+    ``skip_busy`` queues whose policy another claim holds are passed over, so None may also
+    mean "all busy" (wait: call again without it)."""
     with conn.cursor(row_factory=kwargs_row(_admission_row)) as cur:
         cur.execute(
             _CLAIM_NEXT_BUDGETED,
@@ -341,6 +353,7 @@ def claim_next_budgeted(
                 "claimant_human_id": claimant_human_id,
                 "actor": actor,
                 "now": now,
+                "skip_busy": skip_busy,
                 **budgets.params(),
             },
         )

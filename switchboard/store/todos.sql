@@ -74,7 +74,7 @@ WITH clock AS (
     SELECT c.id, h.ep AS endpoint_id, h.name AS queue, c.state AS prior_state,
            c.attempt AS prior_attempt, c.retry_at AS prior_retry_at
     FROM (SELECT * FROM heads WHERE head IS NOT NULL ORDER BY head, name) h
-    CROSS JOIN clock
+    CROSS JOIN clock{policy_free}
     CROSS JOIN LATERAL (
         SELECT x.* FROM (
             SELECT * FROM (
@@ -105,12 +105,27 @@ WITH clock AS (
                     ORDER BY x.retry_at))
                   AND todo_claimable(t, clock.now)
                 ORDER BY t.created_at, t.id LIMIT 1 FOR UPDATE OF t SKIP LOCKED) r
-        ) x ORDER BY x.created_at, x.id LIMIT 1
+        ) x {where_free}ORDER BY x.created_at, x.id LIMIT 1
     ) c
     ORDER BY h.head, h.name
     LIMIT 1
 )
 {admit}
+
+-- name: policy_free
+-- Budgeted claim_next over several queues (skip_busy): a queue whose policy row another claim
+-- holds locked is passed over like a locked row (SKIP LOCKED), so concurrent claimers spread
+-- over the queues instead of queueing on the oldest one's policy. Its lock is taken here,
+-- before the candidate's; neither waits. No queue free: the caller retries waiting.
+CROSS JOIN LATERAL (SELECT CASE WHEN %(skip_busy)s THEN
+    NOT EXISTS (SELECT FROM admission_policies p WHERE p.endpoint_id = h.ep AND p.queue = h.name)
+    OR EXISTS (SELECT FROM admission_policies p WHERE p.endpoint_id = h.ep AND p.queue = h.name
+               FOR UPDATE SKIP LOCKED)
+    ELSE true END AS free) g
+
+-- name: where_free
+-- Referring only to the outer queue, this gates the candidate probes of a busy queue.
+WHERE g.free
 
 -- name: claim_todo
 -- One todo by id: wait for its row lock (FOR UPDATE), then claim it only if it is claimable.
@@ -200,23 +215,17 @@ LEFT JOIN claimed c ON true
 -- in a snapshot taken after the lock and charges the window; the tail claims only when it
 -- admits. One statement, one round trip; nothing is written on a refusal.
 , gate AS (
-    SELECT g.* FROM found, clock, admission_gate(
-        found.endpoint_id, found.queue, found.id, clock.now,
-        %(b_queues)s::text[], %(b_periods)s::text[], %(b_tzs)s::text[], %(b_starts)s::text[],
-        %(b_weekdays)s::text[], %(b_window_starts)s::timestamptz[],
-        %(b_window_ends)s::timestamptz[]) g
+    SELECT g.* FROM found, clock,
+        admission_gate(found.endpoint_id, found.queue, found.id, clock.now, %(budgets)s) g
 ), cand AS (
     SELECT found.* FROM found, gate WHERE gate.refusal IS NULL
 )
 {claim}
 
 -- name: gate_result
--- One row when a candidate was found: the claim (claim columns NULL on a refusal) and the gate.
-SELECT c.*, found.queue AS found_queue, clock.now AS found_now, gate.*
-FROM found
-CROSS JOIN clock
-CROSS JOIN gate
-LEFT JOIN claimed c ON true
+-- One row when a candidate was found (the gate ran once for it): the claim (claim columns NULL
+-- on a refusal) and the gate's outcome.
+SELECT c.*, gate.* FROM gate LEFT JOIN claimed c ON true
 
 -- name: claim_admitted
 -- The second statement of a claim by id on a budgeted queue: the candidate is locked already
