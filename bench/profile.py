@@ -50,6 +50,7 @@ class Profile:
     wall_us: float  # wall time per claim (one thread)
     top: list[Cost]
     areas: list[tuple[str, float]]  # own CPU share by package, largest first
+    phases: list[Cost]  # the project's functions by cumulative CPU: where a claim's CPU goes
 
     def summary(self, areas: int = 4) -> str:
         """The largest areas of own CPU, e.g. "psycopg 52%, switchboard 18%, ..."."""
@@ -76,6 +77,7 @@ def profile(label: str, claim: Callable[[], bool], claims: int, top: int = 8) ->
         wall / claims * 1e6,
         costs(profiler, claims, top),
         areas(profiler),
+        phases(profiler, claims, top),
     )
 
 
@@ -85,6 +87,21 @@ def costs(profiler: cProfile.Profile, claims: int, top: int) -> list[Cost]:
     total = sum(row[2] for row in entries.values()) or 1.0
     ranked = sorted(entries.items(), key=lambda item: item[1][2], reverse=True)[:top]
     return [Cost(_name(key), row[2] / claims * 1e6, row[2] / total) for key, row in ranked]
+
+
+def phases(profiler: cProfile.Profile, claims: int, top: int) -> list[Cost]:
+    """The project's own functions (switchboard/, app.py) by cumulative CPU per claim: the
+    steps a claim goes through, each with everything it calls."""
+    stats = pstats.Stats(profiler)
+    entries: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    total = sum(row[2] for row in entries.values()) or 1.0
+    ours = [
+        (key, row)
+        for key, row in entries.items()
+        if _area(key[0]) == "switchboard" and not key[2].startswith("<")
+    ]
+    ranked = sorted(ours, key=lambda item: item[1][3], reverse=True)[:top]
+    return [Cost(_name(key), row[3] / claims * 1e6, row[3] / total) for key, row in ranked]
 
 
 def areas(profiler: cProfile.Profile) -> list[tuple[str, float]]:
@@ -128,8 +145,13 @@ def print_profile(result: Profile) -> None:
         f"({result.wall_us:,.0f} us wall, one thread, {result.claims:,} claims); "
         f"own CPU by package: {result.summary(6)}; top functions by own CPU:"
     )
+    # Shares are of the profiled CPU; "~us" scales them to the unprofiled CPU per claim (the
+    # profiler's own overhead roughly doubles the absolute figures).
     for cost in result.top:
-        print(f"    {cost.own_us:7.1f} us {cost.share:6.1%}  {cost.function}")
+        print(f"    {cost.share:6.1%} ~{cost.share * result.cpu_us:6.0f} us  {cost.function}")
+    print("    the project's functions by cumulative CPU (each with what it calls):")
+    for cost in result.phases:
+        print(f"    {cost.share:6.1%} ~{cost.share * result.cpu_us:6.0f} us  {cost.function}")
 
 
 # --- MCP in process ---------------------------------------------------------------------------
