@@ -265,10 +265,13 @@ class PostgresFootprint:
     rss: int  # summed: shared_buffers pages are counted once per process that touched them
     pss: int  # proportional: shared pages divided among the processes sharing them
     data_dir: int | None  # bytes on disk, None when the directory is not readable here
+    wal: int | None  # of which pg_wal
     databases: int  # pg_database_size over every database
 
     def describe(self) -> str:
-        disk = f"data dir {self.data_dir / MiB:,.0f} MiB" if self.data_dir is not None else ""
+        disk = ""
+        if self.data_dir is not None:
+            disk = f"data dir {self.data_dir / MiB:,.0f} MiB (WAL {(self.wal or 0) / MiB:,.0f} MiB)"
         return (
             f"{self.processes} processes, RSS sum {self.rss / MiB:,.0f} MiB, "
             f"PSS sum {self.pss / MiB:,.0f} MiB; {disk}"
@@ -301,7 +304,8 @@ def postgres_footprint(url: str) -> PostgresFootprint | None:
                 continue
             rss += info.rss
             pss += getattr(info, "pss", info.rss)
-    return PostgresFootprint(len(processes), rss, pss, _du(Path(data_dir)), int(databases))
+    wal = _du(Path(data_dir) / "pg_wal")
+    return PostgresFootprint(len(processes), rss, pss, _du(Path(data_dir)), wal, int(databases))
 
 
 def _du(path: Path) -> int | None:
