@@ -35,10 +35,10 @@ lint: install
 test: lint
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
-# Claim path (store vs raw SQL, budgets, 1M pending, sustained) and MCP over HTTP.
+# The performance report, one table from one run: claim path (store vs raw SQL, budgets,
+# 1M pending, sustained), CPU per claim, MCP over HTTP, memory (docs/PERFORMANCE.md).
 bench: install
 	$(BIN)/python -m bench.claim
-	$(BIN)/python -m bench.mcp
 
 # Load test (bench/soak.py): 50 agents over MCP through gunicorn for 60 s, draining budgeted and
 # open queues while creators add work, a worker killed and PostgreSQL restarted mid-run.

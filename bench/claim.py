@@ -1,9 +1,14 @@
-"""Claim-path benchmark (SPEC §10 R-PERF, R-SUSTAIN): the store's ``claim_next`` against raw SQL.
+"""The performance report (SPEC §10 R-PERF, R-SUSTAIN; issue 9): ``make bench``.
 
-``python -m bench.claim`` (``make bench``) creates a throw-away database ``sb_bench_<random>`` on
-the server (``--database-url``, else $DATABASE_URL, else an embedded PostgreSQL in a temporary
-directory), migrates it, seeds pending todos with ``generate_series``, measures, prints one
-summary table and drops the database. Every figure and ratio comes from the same run.
+``python -m bench.claim`` creates a throw-away database ``sb_bench_<random>`` on the server
+(``--database-url``, else $DATABASE_URL, else an embedded PostgreSQL in a temporary directory),
+migrates it, seeds pending todos with ``generate_series`` and measures the store's
+``claim_next`` against raw SQL, budgeted against unbudgeted queues, 1M against 1k pending and
+the sustained rate; then Python CPU per claim with its top costs (``bench.profile``), and MCP
+``claim_next`` through gunicorn with p50/p99, peak RSS per worker and PostgreSQL's footprint
+(``bench.mcp``, in a second database on the same server). It prints ONE summary table and drops
+the databases. Every figure and ratio comes from the same run, and compared phases are
+interleaved (A/B/A/B) so the drift of this shared machine hits both sides alike.
 
 Exit status 1 when a claim plan is not index driven (a Seq Scan on todos, a Sort fed more than
 1,000 todos rows, or a todos scan discarding more than 1,000 rows by filter); a missed
@@ -27,6 +32,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from itertools import chain
 from pathlib import Path
 from typing import Any, LiteralString, Protocol
@@ -36,7 +42,9 @@ import psycopg
 from psycopg import Connection, sql
 from psycopg.conninfo import make_conninfo
 
+from bench import profile as profiling
 from switchboard import db
+from switchboard.admission import windows
 from switchboard.models import Actor
 from switchboard.scheduler import Scheduler
 from switchboard.services import todos as service
@@ -49,6 +57,23 @@ UPDATE todos SET state = 'claimed', attempt = attempt + 1, claimed_at = now(),
 WHERE id = (SELECT id FROM todos
             WHERE endpoint_id = %s AND queue = %s AND state = 'pending'
             ORDER BY created_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)
+RETURNING id
+"""
+# The budgeted reference (one hot queue): raw-min's claim admitted in the same statement — the
+# policy row locked, the window counter charged by a conditional upsert. No in-flight count, no
+# attempt row, no event: the least a one-statement exact admission can cost.
+RAW_BUDGETED: LiteralString = """
+WITH c AS (SELECT id FROM todos WHERE endpoint_id = %(endpoint_id)s AND queue = %(queue)s
+           AND state = 'pending' ORDER BY created_at, id LIMIT 1 FOR UPDATE SKIP LOCKED),
+p AS (SELECT p.id FROM admission_policies p, c
+      WHERE p.endpoint_id = %(endpoint_id)s AND p.queue = %(queue)s FOR UPDATE OF p),
+w AS (INSERT INTO admission_windows AS w (policy_id, window_start, used)
+      SELECT p.id, %(window_start)s, 1 FROM p
+      ON CONFLICT (policy_id, window_start) DO UPDATE SET used = w.used + 1
+      WHERE w.used < 1000000 RETURNING 1)
+UPDATE todos SET state = 'claimed', attempt = attempt + 1, claimed_at = now(),
+       lease_expires_at = now() + interval '300 s'
+WHERE id = (SELECT id FROM c) AND EXISTS (SELECT 1 FROM w)
 RETURNING id
 """
 METHODS = ("store", "raw", "raw-min")
@@ -68,10 +93,14 @@ class Config:
     sustain_seconds: float
     big: int
     small: int = 1000
-    repeats: int = 3
+    repeats: int = 5
     threads: tuple[int, ...] = (1, 8)
     spread_threads: int = 8
     spread_queues: int = 20
+    rounds: int = 2  # interleaved rounds of each budgeted / unbudgeted pair
+    breakdown: bool = False  # the store's cost taken apart (store-conn, raw-tx)
+    mcp: bool = True
+    profile_claims: int = 2000
 
     @property
     def window(self) -> int:
@@ -93,14 +122,29 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     parser.add_argument("--sustain-seconds", type=float, default=60.0)
     parser.add_argument("--big", type=int, default=1_000_000, help="pending rows, large setups")
     parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also time the store's cost taken apart (store-conn, raw-tx) at 1M pending",
+    )
+    parser.add_argument("--no-mcp", action="store_true", help="skip the MCP-over-HTTP phase")
+    parser.add_argument(
         "--quick",
         action="store_true",
-        help="smoke run: --big 20000 --seconds 1 --sustain-seconds 5",
+        help="smoke run: --big 20000 --seconds 1 --sustain-seconds 5, one round, short MCP",
     )
     args = parser.parse_args(argv)
+    common = {"breakdown": args.breakdown, "mcp": not args.no_mcp}
     if args.quick:
-        return Config(args.database_url, seconds=1.0, sustain_seconds=5.0, big=20_000)
-    return Config(args.database_url, args.seconds, args.sustain_seconds, args.big)
+        return Config(
+            args.database_url,
+            seconds=1.0,
+            sustain_seconds=5.0,
+            big=20_000,
+            rounds=1,
+            profile_claims=300,
+            **common,
+        )
+    return Config(args.database_url, args.seconds, args.sustain_seconds, args.big, **common)
 
 
 # --- the database -------------------------------------------------------------------------
@@ -193,8 +237,17 @@ class Fixture:
             },
         )
         self.conn.execute("VACUUM ANALYZE todos, queues, todo_attempts, events")
+        self.checkpoint()
         self.queues = tuple(queues)
         return time.perf_counter() - started
+
+    def checkpoint(self) -> None:
+        """Flush what seeding wrote, so no checkpoint (and no burst of full-page writes on the
+        first touch of each page after it) falls into the measurements that follow."""
+        try:
+            self.conn.execute("CHECKPOINT")
+        except psycopg.errors.InsufficientPrivilege:
+            pass  # not a superuser nor pg_checkpoint: measured as the server schedules it
 
     def reset(self) -> float:
         """Put every claimed todo back to pending, forget attempts and events, VACUUM: the
@@ -219,6 +272,22 @@ class Fixture:
             " window_period, window_tz, window_start, created_by_human_id, updated_by_human_id)"
             " SELECT %s, unnest(%s::text[]), 1000000, 'day', 'UTC', '00:00', %s, %s",
             (self.endpoint_id, list(queues), self.human_id, self.human_id),
+        )
+
+    def budgets(self, queues: Sequence[str]) -> todos.Budgets:
+        """The gate's parameters for the policies ``budget`` wrote, placed now."""
+        window = windows.Window("day", "UTC", "00:00")
+        now = datetime.now(UTC)
+        start, end = windows.window_start(window, now), windows.next_boundary(window, now)
+        n = len(queues)
+        return todos.Budgets(
+            list(queues),
+            ["day"] * n,
+            ["UTC"] * n,
+            ["00:00"] * n,
+            [None] * n,
+            [start] * n,
+            [end] * n,
         )
 
     def claimed(self) -> int:
@@ -298,6 +367,7 @@ class StoreClaimer:
     queues: Sequence[str] | None
     database: db.Database | None = None
     conn: Connection[Any] | None = None
+    budgets: todos.Budgets | None = None  # warm the budgeted statement instead
 
     def claim(self) -> bool:
         if self.database is not None:
@@ -315,6 +385,19 @@ class StoreClaimer:
             return self.statement(self.conn)
 
     def statement(self, conn: Connection[Any]) -> bool:
+        if self.budgets is not None:
+            return (
+                todos.claim_next_budgeted(
+                    conn,
+                    endpoint_id=self.endpoint_id,
+                    queues=self.queues,
+                    budgets=self.budgets,
+                    claimant_endpoint_id=self.endpoint_id,
+                    claimant_human_id=None,
+                    actor=f"endpoint:{self.endpoint_id}",
+                )
+                is not None
+            )
         return call_claim_next(conn, self.endpoint_id, self.queues) is not None
 
 
@@ -351,15 +434,20 @@ def warm_up(conn: Connection[Any], statement: Callable[[], object]) -> None:
 
 @contextmanager
 def claimers(
-    method: str, url: str, fixture: Fixture, threads: int, queues: Sequence[str] | None
+    method: str,
+    url: str,
+    fixture: Fixture,
+    threads: int,
+    queues: Sequence[str] | None,
+    budgets: todos.Budgets | None = None,
 ) -> Iterator[list[Claimer]]:
     """``threads`` warmed-up claimers of one method, closed on exit. ``raw-min`` claims from
     one queue: thread i takes queue i modulo the queues (``None``: every seeded queue)."""
     with ExitStack() as stack:
         if method == "store":
-            yield store_claimers(stack, url, fixture.endpoint_id, threads, queues)
+            yield store_claimers(stack, url, fixture.endpoint_id, threads, queues, budgets)
             return
-        autocommit = method in ("raw", "raw-min")
+        autocommit = method in ("raw", "raw-min", "raw-budgeted")
         result: list[Claimer] = []
         for i in range(threads):
             conn = stack.enter_context(psycopg.connect(url, autocommit=autocommit))
@@ -377,16 +465,25 @@ def connection_claimer(
     if method in ("raw", "raw-tx"):
         return RawClaimer(conn, *store_statement(fixture.endpoint_id, queues))
     names = queues if queues is not None else fixture.queues
+    if method == "raw-budgeted":
+        start = fixture.budgets(names).window_starts[0]
+        params = {"endpoint_id": fixture.endpoint_id, "queue": names[0], "window_start": start}
+        return RawClaimer(conn, RAW_BUDGETED, params)
     return RawClaimer(conn, RAW_MIN, (fixture.endpoint_id, names[i % len(names)]))
 
 
 def store_claimers(
-    stack: ExitStack, url: str, endpoint_id: UUID, threads: int, queues: Sequence[str] | None
+    stack: ExitStack,
+    url: str,
+    endpoint_id: UUID,
+    threads: int,
+    queues: Sequence[str] | None,
+    budgets: todos.Budgets | None = None,
 ) -> list[Claimer]:
     database = db.Database(url, min_size=threads, max_size=threads)
     database.open(wait=True)
     stack.callback(database.close)
-    claimer = StoreClaimer(endpoint_id, queues, database=database)
+    claimer = StoreClaimer(endpoint_id, queues, database=database, budgets=budgets)
     held = [database.pool.getconn() for _ in range(threads)]  # warm every pooled connection
     for conn in held:
         warm_up(conn, lambda conn=conn: claimer.statement(conn))  # type: ignore[misc]
@@ -476,11 +573,17 @@ def run(workers: Sequence[Claimer], stop: Stop) -> Run:
 
 
 def measure(
-    method: str, url: str, fixture: Fixture, threads: int, stop: Stop, queues: Sequence[str] | None
+    method: str,
+    url: str,
+    fixture: Fixture,
+    threads: int,
+    stop: Stop,
+    queues: Sequence[str] | None,
+    budgets: todos.Budgets | None = None,
 ) -> Run:
     """One run from the prepared state (nothing claimed); checks that every counted claim is a
     claimed row in the database."""
-    with claimers(method, url, fixture, threads, queues) as workers:
+    with claimers(method, url, fixture, threads, queues, budgets) as workers:
         result = run(workers, stop)
     claimed = fixture.claimed()
     if claimed != result.count:
@@ -501,9 +604,19 @@ class Row:
     ratio: float | None = None
     ratio_of: str = ""
     target: float | None = None
+    shown: str | None = None  # the value column when it is not claims/s
+    note: str = ""
+    target_text: str | None = None  # a target that is not "ratio >= target"
+    met: bool | None = None  # its verdict
+
+    @property
+    def value(self) -> str:
+        return self.shown if self.shown is not None else f"{self.rate:,.0f}/s"
 
     @property
     def verdict(self) -> str:
+        if self.met is not None:
+            return "PASS" if self.met else "MISS"
         if self.target is None or self.ratio is None:
             return ""
         return "PASS" if self.ratio >= self.target else "MISS"
@@ -513,6 +626,8 @@ class Row:
 class Report:
     rows: list[Row] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    profiles: list[profiling.Profile] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
 
     def line(self, text: str = "") -> None:
@@ -592,32 +707,124 @@ def budgeted(
     queues: Sequence[str],
     threads: Sequence[int],
     target: float,
+    reference: bool = False,
 ) -> None:
     """The claim service on the same queues without and with a policy that never refuses
-    (every claim takes the locked path and is charged), each run from the same reset state."""
+    (every claim goes through the gate and is charged), interleaved round by round
+    (unbudgeted, budgeted, unbudgeted, budgeted, ...), each run from the same reset state; the
+    rate of each side is its claims over its time, summed over the rounds. ``reference``: the
+    raw pair too in each round (raw-min, and RAW_BUDGETED: the least a one-statement exact
+    admission costs), so the bound of serialized admission is measured beside ours."""
+    asked = list(queues) if len(queues) == 1 else None
+    pairs = [("unbudgeted", "store", ()), ("budgeted", "store", queues)]
+    if reference:
+        pairs += [("raw-min", "raw-min", queues), ("raw-budgeted", "raw-budgeted", queues)]
     for n in threads:
-        rates = {}
-        for label, policed in (("unbudgeted", ()), ("budgeted", queues)):
-            fixture.budget(policed)
-            fixture.reset()
-            asked = list(queues) if len(queues) == 1 else None
-            result = measure("store", url, fixture, n, Stop(seconds=cfg.seconds), asked)
-            rates[label] = result.rate
-            report.line(f"{scenario:<12} {label:<10} x{n}: {result.rate:8,.0f}/s")
+        claims = {label: 0 for label, _, _ in pairs}
+        seconds = {label: 0.0 for label, _, _ in pairs}
+        for _ in range(cfg.rounds):
+            for label, method, policed in pairs:
+                fixture.budget(policed)
+                fixture.reset()
+                time.sleep(service.HINT_SECONDS)  # the claim path's cached pre-read expires
+                budgets = fixture.budgets(policed) if policed and method == "store" else None
+                result = measure(method, url, fixture, n, Stop(seconds=cfg.seconds), asked, budgets)
+                claims[label] += result.count
+                seconds[label] += result.ended - result.started
+                report.line(f"{scenario:<12} {label:<12} x{n}: {result.rate:8,.0f}/s")
         fixture.budget(())
-        report.add(Row(scenario, "unbudgeted", n, f"timed {cfg.seconds:g} s", rates["unbudgeted"]))
+        rates = {label: claims[label] / seconds[label] for label in claims}
+        how = f"{cfg.rounds} x {cfg.seconds:g} s interleaved"
+        report.add(Row(scenario, "unbudgeted", n, how, rates["unbudgeted"]))
         report.add(
             Row(
                 scenario,
                 "budgeted",
                 n,
-                f"timed {cfg.seconds:g} s",
+                how,
                 rates["budgeted"],
                 rates["budgeted"] / rates["unbudgeted"],
                 "budgeted/unbudgeted",
                 target,
             )
         )
+        if reference:
+            report.add(Row(scenario, "raw-min", n, how, rates["raw-min"]))
+            report.add(
+                Row(
+                    scenario,
+                    "raw-budgeted",
+                    n,
+                    how,
+                    rates["raw-budgeted"],
+                    rates["raw-budgeted"] / rates["raw-min"],
+                    "raw-budgeted/raw-min",
+                    note="the bound: one-statement exact admission",
+                )
+            )
+
+
+def store_vs_raw(cfg: Config, url: str, fixture: Fixture, report: Report, scenario: str) -> None:
+    """The store's claim_next against the raw statement on the big hot queue, interleaved
+    (store, raw, store, raw, ...) from the same reset state; the target of SPEC §10."""
+    for n in cfg.threads:
+        claims = {"store": 0, "raw": 0}
+        seconds = {"store": 0.0, "raw": 0.0}
+        for _ in range(cfg.rounds):
+            for method in ("store", "raw"):
+                fixture.reset()
+                result = measure(method, url, fixture, n, Stop(seconds=cfg.seconds), [HOT_QUEUE])
+                claims[method] += result.count
+                seconds[method] += result.ended - result.started
+                report.line(f"{scenario:<12} {method:<12} x{n}: {result.rate:8,.0f}/s")
+        store, raw = (claims[m] / seconds[m] for m in ("store", "raw"))
+        how = f"{cfg.rounds} x {cfg.seconds:g} s interleaved"
+        report.add(Row(scenario, "store", n, how, store, store / raw, "store/raw", 0.9))
+        report.add(Row(scenario, "raw", n, how, raw))
+
+
+def cpu_profiles(cfg: Config, url: str, fixture: Fixture, report: Report) -> None:
+    """Client CPU per claim and its top costs, one thread, on the hot queue: no policy, then
+    budgeted (bench.profile)."""
+    database = db.Database(url, min_size=1, max_size=1)
+    database.open(wait=True)
+    actor = Actor(endpoint_id=fixture.endpoint_id)
+
+    def claim() -> bool:
+        outcome = service.claim_next(
+            database,
+            endpoint_id=fixture.endpoint_id,
+            granted_queues=None,
+            asked_queues=[HOT_QUEUE],
+            actor=actor,
+        )
+        return isinstance(outcome, service.Claimed)
+
+    try:
+        for label, policed in (("no policy", ()), ("budgeted", (HOT_QUEUE,))):
+            fixture.budget(policed)
+            fixture.reset()
+            time.sleep(service.HINT_SECONDS)
+            for _ in range(WARMUP_CLAIMS):
+                claim()
+            result = profiling.profile(f"store claim_next, {label}", claim, cfg.profile_claims)
+            report.profiles.append(result)
+            report.add(cpu_row("CPU per claim", f"store, {label}", result))
+        fixture.budget(())
+    finally:
+        database.close()
+
+
+def cpu_row(scenario: str, method: str, result: profiling.Profile) -> Row:
+    return Row(
+        scenario,
+        method,
+        1,
+        f"{result.claims:,} claims, cProfile",
+        0.0,
+        shown=f"{result.cpu_us:,.0f} us",
+        note=result.summary(),
+    )
 
 
 def sustained(cfg: Config, url: str, fixture: Fixture, report: Report) -> None:
@@ -786,7 +993,9 @@ def ratios(cfg: Config, report: Report) -> None:
                 row.ratio, row.ratio_of = raw.rate / row.rate, "raw/raw-min"
             else:
                 row.ratio, row.ratio_of = row.rate / raw.rate, f"{row.method}/raw"
-                row.target = 0.9 if row.method == "store" else None
+                # The target is judged on the interleaved timed pair (store/raw, below): a
+                # 1,000-claim round lasts about a second here, too short for this machine.
+                row.target = 0.9 if row.method == "store" and row.scenario != small else None
         elif row.scenario == big:
             base = report.find(small, row.method, row.threads)
             row.ratio, row.ratio_of = row.rate / base.rate, f"{_size(cfg.big)}/{_size(cfg.small)}"
@@ -802,9 +1011,104 @@ def main(argv: Sequence[str] | None = None) -> int:
             bench(cfg, url, fixture, report)
         finally:
             fixture.close()
+        if cfg.mcp:  # a second database beside the first: the data dir holds both
+            with bench_database(admin_url) as mcp_url:
+                mcp_phase(cfg, mcp_url, report)
     ratios(cfg, report)
     print_summary(cfg, report)
-    return 1 if any(p.startswith("plan ") for p in report.problems) else 0
+    return 1 if any(p.startswith(("plan ", "mcp ")) for p in report.problems) else 0
+
+
+def mcp_phase(cfg: Config, url: str, report: Report) -> None:
+    """MCP claim_next through gunicorn (2 workers x 8 threads), interleaved with the service
+    reference; peak RSS per worker; PostgreSQL's footprint; then the in-process MCP profile."""
+    from bench import mcp
+
+    options = mcp.Options(
+        database_url=None,
+        seconds=cfg.seconds,
+        clients=16,
+        pending=20_000 if cfg.big < 1_000_000 else 200_000,
+        workers=2,
+        threads=8,
+        eras=("legacy", "modern"),
+        rounds=cfg.rounds,
+    )
+    report.line(f"MCP phase: load average {_load()}")
+    result = mcp.run(url, options)
+    mcp.print_run(result)
+    ref = result.reference
+    how = f"{options.rounds} x {options.seconds:g} s interleaved"
+    clients = options.clients
+    report.add(
+        Row(
+            "MCP claim_next",
+            "service (ref)",
+            clients,
+            how,
+            ref.rate,
+            note=f"p50 {ref.percentile(0.5):.1f} ms, p99 {ref.percentile(0.99):.1f} ms",
+        )
+    )
+    for figure in result.figures[1:]:
+        report.problems.extend(f"mcp {figure.label}: {e}" for e in figure.errors[:3])
+        cpu = figure.cpu_per_claim_us
+        report.add(
+            Row(
+                "MCP claim_next",
+                figure.label.removeprefix("MCP "),
+                clients,
+                how,
+                figure.rate,
+                figure.rate / ref.rate,
+                "MCP/service",
+                note=f"p50 {figure.percentile(0.5):.1f} ms, p99 {figure.percentile(0.99):.1f} ms"
+                + (f"; server CPU {cpu:,.0f} us/claim" if cpu is not None else ""),
+            )
+        )
+    peaks = sorted(result.worker_peaks.values())
+    if peaks:
+        report.add(
+            Row(
+                "memory",
+                "gunicorn worker",
+                options.threads,
+                "peak RSS under the MCP load",
+                0.0,
+                shown=f"{peaks[-1] / profiling.MiB:,.0f} MiB",
+                target_text="<= 200 MiB",
+                met=peaks[-1] <= 200 * profiling.MiB,
+                note="each worker: " + ", ".join(f"{p / profiling.MiB:,.0f}" for p in peaks),
+            )
+        )
+    if result.postgres is not None:
+        pg = result.postgres
+        disk = ""
+        if pg.data_dir is not None:
+            disk = (
+                f"data dir {pg.data_dir / profiling.MiB:,.0f} MiB, "
+                f"WAL {(pg.wal or 0) / profiling.MiB:,.0f} MiB"
+            )
+        report.add(
+            Row(
+                "memory",
+                "PostgreSQL",
+                pg.processes,
+                "after the MCP load, all processes",
+                0.0,
+                shown=f"{pg.pss / profiling.MiB:,.0f} MiB",
+                note=f"PSS; RSS sum {pg.rss / profiling.MiB:,.0f} MiB; {disk} "
+                f"(databases {pg.databases / profiling.MiB:,.0f} MiB)",
+            )
+        )
+    mcp.add_pending(url, result.seeded, cfg.profile_claims * 2 + WARMUP_CLAIMS)
+    with profiling.mcp_app(url) as client:
+        claim = profiling.mcp_claimer(client, result.seeded.token)
+        for _ in range(WARMUP_CLAIMS):
+            claim()
+        profiled = profiling.profile("MCP claim_next in process (WSGI)", claim, cfg.profile_claims)
+    report.profiles.append(profiled)
+    report.add(cpu_row("CPU per claim", "MCP in process", profiled))
 
 
 def bench(cfg: Config, url: str, fixture: Fixture, report: Report) -> None:
@@ -821,11 +1125,16 @@ def bench(cfg: Config, url: str, fixture: Fixture, report: Report) -> None:
     )
     explain(url, fixture, [HOT_QUEUE], f"{big}, queues=[{HOT_QUEUE}]", report)
     fixed_count(cfg, url, fixture, report, big, fixture.reset)
-    for threads in cfg.threads:
-        timed(cfg, url, fixture, report, f"{big} timed", threads, [HOT_QUEUE], BREAKDOWN)
+    store_vs_raw(cfg, url, fixture, report, f"{big} pair")
+    if cfg.breakdown:
+        for threads in cfg.threads:
+            timed(cfg, url, fixture, report, f"{big} timed", threads, [HOT_QUEUE], BREAKDOWN)
     sustained(cfg, url, fixture, report)
     explain(url, fixture, [HOT_QUEUE], "after the sustained run", report)
-    budgeted(cfg, url, fixture, report, f"budget {big}", [HOT_QUEUE], (1, 4, 16), 0.7)
+    budgeted(
+        cfg, url, fixture, report, f"budget {big}", [HOT_QUEUE], (1, 4, 16), 0.7, reference=True
+    )
+    cpu_profiles(cfg, url, fixture, report)
     names = [f"q{i:02d}" for i in range(cfg.spread_queues)]
     report.line(
         f"seeded {cfg.big:,} pending over {cfg.spread_queues} queues in "
@@ -834,15 +1143,9 @@ def bench(cfg: Config, url: str, fixture: Fixture, report: Report) -> None:
     explain(
         url, fixture, None, f"{_size(cfg.big)} over {cfg.spread_queues} queues, queues=None", report
     )
-    timed(
-        cfg,
-        url,
-        fixture,
-        report,
-        f"{cfg.spread_queues}q {_size(cfg.big)}",
-        cfg.spread_threads,
-        None,
-    )
+    if cfg.breakdown:
+        spread = f"{cfg.spread_queues}q {_size(cfg.big)}"
+        timed(cfg, url, fixture, report, spread, cfg.spread_threads, None)
     budgeted(
         cfg,
         url,
@@ -856,22 +1159,26 @@ def bench(cfg: Config, url: str, fixture: Fixture, report: Report) -> None:
 
 
 def print_summary(cfg: Config, report: Report) -> None:
-    header = ("scenario", "method", "thr", "how", "claims/s", "ratio", "of", "target", "")
+    header = ("scenario", "method", "thr", "how", "value", "ratio", "of", "target", "", "note")
     rows = [header] + [
         (
             r.scenario,
             r.method,
             str(r.threads),
             r.how,
-            f"{r.rate:,.0f}",
+            r.value,
             f"{r.ratio:.2f}" if r.ratio is not None else "",
             r.ratio_of,
-            f">= {r.target:g}" if r.target is not None else "",
+            r.target_text or (f">= {r.target:g}" if r.target is not None else ""),
             r.verdict,
+            r.note,
         )
         for r in report.rows
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    print()
+    for result in report.profiles:
+        profiling.print_profile(result)
     print()
     report.line("summary")
     for row in rows:
@@ -883,7 +1190,11 @@ def print_summary(cfg: Config, report: Report) -> None:
         )
     print(
         NOTES.format(
-            small=cfg.small, repeats=cfg.repeats, seconds=cfg.seconds, warmup=WARMUP_CLAIMS
+            small=cfg.small,
+            repeats=cfg.repeats,
+            seconds=cfg.seconds,
+            warmup=WARMUP_CLAIMS,
+            rounds=cfg.rounds,
         )
     )
     for problem in report.problems:
@@ -894,21 +1205,33 @@ def print_summary(cfg: Config, report: Report) -> None:
 NOTES = """
 how each figure is computed (every method: N threads, one connection each, counted on commit):
   store       the claim path agents take: services.todos.claim_next on a db.Database pool of
-              N connections (unbudgeted: one autocommit statement once a pre-read saw no
-              policy; budgeted: BEGIN+claim, then policy lock + count/claim/charge + COMMIT in
-              one pipelined batch), typed Claim row
+              N connections: one autocommit statement per claim once a pre-read (cached 1 s)
+              has seen the policies — today's statement without a policy, the statement with
+              admission_gate (lock, count, charge) with one — and a typed Claim row
   raw         the statement todos.claim_next sends (recorded: same SQL text, same parameters),
               via conn.execute on an autocommit connection (implicit transaction, tuple rows)
-  store-conn  todos.claim_next in conn.transaction() on a dedicated connection (no pool)
-  raw-tx      the raw statement between BEGIN and COMMIT (non-autocommit connection, commit())
   raw-min     UPDATE ... WHERE id = (SELECT ... LIMIT 1 FOR UPDATE SKIP LOCKED): no attempt row,
               no event, one queue (20q: thread i takes queue i mod 20)
+  raw-budgeted raw-min admitted in the same statement: policy row FOR UPDATE, window counter
+              charged by a conditional upsert (the least one-statement exact admission costs)
   "{small:,} claims, median of {repeats}": N threads claim exactly {small:,} todos (the hot 1k
               queue: all of it); rate = {small:,} / wall time from the start barrier to the last
               commit; every round starts from the same state (1k: re-seeded; big: claimed rows
               put back to pending + VACUUM), methods interleaved round by round
   "timed {seconds:g} s":  claims committed in {seconds:g} s, each method from the same reset state
+  "{rounds} x {seconds:g} s interleaved": the compared pair alternates A, B, A, B ({rounds} rounds
+              of {seconds:g} s each, every run from the same reset state); rate = claims / time
+              summed over the rounds. Budgeted: a window limit that never refuses, so every
+              claim goes through the gate and is charged
   sustain     store, claims per 1 s bucket over the whole run; the first and the last buckets
+  CPU         client CPU (time.process_time) per claim in one thread without a profiler; the
+              packages' shares of own CPU under cProfile (CPU timer; top functions above)
+  MCP         16 client threads on persistent HTTP/1.1 connections against gunicorn 2 x 8
+              (gthread), interleaved with the service reference (same threads, no HTTP); server
+              CPU = the workers' CPU time (psutil) per call; p50/p99 over every counted call
+  memory      gunicorn workers' RSS sampled every 0.1 s during the MCP load (peak per worker);
+              PostgreSQL: every process of the server (postmaster and children), PSS counts
+              shared memory once; the data dir holds both bench databases at that moment
   statements are prepared and caches warm before the clock starts ({warmup} rolled-back claims)"""
 
 

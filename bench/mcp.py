@@ -11,8 +11,12 @@ runs N client threads, each on its own persistent connection (``http.client``), 
 - ``modern``: stateless 2026-07-28 requests (``_meta`` envelope and routing headers).
 
 Beside them, the service's own ``claim_next`` on the same queue with the same number of
-threads (no HTTP) is the reference. Every figure comes from this one run; the first second of
-each measurement is warm-up and not counted. Exit status 1 if any call failed.
+threads (no HTTP) is the reference. The figures are interleaved (reference, legacy, modern,
+reference, legacy, modern, ...: ``--rounds``) so drift on this shared machine hits all alike;
+each is the sum over its rounds. The first second of each measurement is warm-up and not
+counted. While the server runs, the RSS of every gunicorn worker is sampled (peak per worker,
+target <= 200 MiB) and the workers' CPU time per MCP claim is taken from /proc (psutil).
+``bench.claim`` runs this inside ``make bench``. Exit status 1 if any call failed.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import psycopg
 import requests
 
 from bench.claim import bench_database, server
+from bench.profile import MiB, PeakMemory, PostgresFootprint, cpu_seconds, postgres_footprint
 from switchboard import db
 from switchboard.models import Actor
 from switchboard.services import accounts, todos
@@ -62,12 +67,14 @@ class Options:
     workers: int
     threads: int
     eras: tuple[str, ...]
+    rounds: int = 2
 
 
 def parse_args(argv: list[str] | None = None) -> Options:
     parser = argparse.ArgumentParser(prog="python -m bench.mcp", description=__doc__.split("\n")[0])
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL") or None)
-    parser.add_argument("--seconds", type=float, default=10.0, help="per measurement")
+    parser.add_argument("--seconds", type=float, default=5.0, help="per measurement")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds")
     parser.add_argument("--clients", type=int, default=16, help="client threads")
     parser.add_argument("--pending", type=int, default=200_000, help="todos seeded")
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers")
@@ -77,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
     args = parser.parse_args(argv)
     eras = ("legacy", "modern") if args.era == "both" else (args.era,)
     if args.quick:
-        args.seconds, args.pending = 2.0, 20_000
+        args.seconds, args.pending, args.rounds = 2.0, 20_000, 1
     return Options(
         args.database_url,
         args.seconds,
@@ -86,6 +93,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
         args.workers,
         args.threads,
         eras,
+        args.rounds,
     )
 
 
@@ -120,6 +128,16 @@ def seed(url: str, pending: int) -> Seeded:
     return Seeded(grant.token, endpoint.id)
 
 
+def add_pending(url: str, seeded: Seeded, pending: int) -> None:
+    """``pending`` more todos at the end of the seeded queue."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO todos (endpoint_id, queue, title)"
+            " SELECT %s, %s, 'more ' || g FROM generate_series(1, %s) g",
+            (seeded.endpoint_id, QUEUE, pending),
+        )
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -127,8 +145,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve(url: str, options: Options) -> Iterator[str]:
-    """``switchboard serve`` on a free loopback port; yields the /mcp URL."""
+def serve(url: str, options: Options) -> Iterator[tuple[str, int]]:
+    """``switchboard serve`` on a free loopback port; yields the /mcp URL and the gunicorn
+    master's pid (the workers are its children)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
     with tempfile.TemporaryDirectory(prefix="sb-benchmcp-serve-") as tmp:
@@ -145,7 +164,7 @@ def serve(url: str, options: Options) -> Iterator[str]:
         base = f"http://127.0.0.1:{port}"
         try:
             wait_ready(base, process, Path(tmp) / "serve.log")
-            yield base + "/mcp"
+            yield base + "/mcp", process.pid
         finally:
             process.send_signal(signal.SIGINT)
             process.wait(timeout=30)
@@ -175,11 +194,15 @@ class Tally:
     latencies: list[float] = field(default_factory=list)
     claims: int = 0
     idle: int = 0
+    calls: int = 0  # every answered call, warm-up included (for CPU per call)
     errors: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, latencies: list[float], claims: int, idle: int, errors: list[str]) -> None:
+    def add(
+        self, latencies: list[float], claims: int, idle: int, errors: list[str], calls: int
+    ) -> None:
         with self.lock:
+            self.calls += calls
             self.latencies.extend(latencies)
             self.claims += claims
             self.idle += idle
@@ -198,7 +221,7 @@ def measure(make_caller: Callable[[], Caller], clients: int, seconds: float) -> 
     def client() -> None:
         caller = make_caller()
         latencies: list[float] = []
-        claims = idle = 0
+        claims = idle = calls = 0
         errors: list[str] = []
         while time.monotonic() < start:
             time.sleep(0.001)
@@ -208,11 +231,12 @@ def measure(make_caller: Callable[[], Caller], clients: int, seconds: float) -> 
             except Exception as exc:  # a bench reports failures; it does not stop at one
                 errors.append(f"{type(exc).__name__}: {exc}")
                 continue
+            calls += 1
             if now >= counted_from:
                 latencies.append(time.monotonic() - now)
                 claims += claimed
                 idle += not claimed
-        tally.add(latencies, claims, idle, errors[:5])
+        tally.add(latencies, claims, idle, errors[:5], calls)
 
     threads = [threading.Thread(target=client) for _ in range(clients)]
     for thread in threads:
@@ -320,54 +344,145 @@ def service_caller(url: str, seeded: Seeded, clients: int) -> tuple[Callable[[],
     return make, database
 
 
+# --- the interleaved run ---------------------------------------------------------------------
+
+
+@dataclass
+class Figure:
+    """One figure summed over its rounds."""
+
+    label: str
+    tallies: list[Tally] = field(default_factory=list)
+    seconds: float = 0.0
+    server_cpu: float | None = None  # gunicorn workers' CPU seconds during its rounds
+
+    @property
+    def claims(self) -> int:
+        return sum(t.claims for t in self.tallies)
+
+    @property
+    def rate(self) -> float:
+        return self.claims / self.seconds if self.seconds else 0.0
+
+    @property
+    def latencies(self) -> list[float]:
+        return sorted(x for t in self.tallies for x in t.latencies)
+
+    def percentile(self, q: float) -> float:
+        """Latency in ms (q = 0.5: the median)."""
+        ordered = self.latencies
+        if not ordered:
+            return float("nan")
+        if q == 0.5:
+            return statistics.median(ordered) * 1000
+        return ordered[int(q * (len(ordered) - 1))] * 1000
+
+    @property
+    def errors(self) -> list[str]:
+        return [e for t in self.tallies for e in t.errors]
+
+    @property
+    def idle(self) -> int:
+        return sum(t.idle for t in self.tallies)
+
+    @property
+    def cpu_per_claim_us(self) -> float | None:
+        """Server CPU per call (warm-up calls included on both sides; every call claims)."""
+        calls = sum(t.calls for t in self.tallies)
+        if self.server_cpu is None or not calls:
+            return None
+        return self.server_cpu / calls * 1e6
+
+
+@dataclass
+class McpRun:
+    options: Options
+    seeded: Seeded
+    figures: list[Figure]
+    worker_peaks: dict[int, int]  # gunicorn worker pid -> peak RSS (bytes)
+    postgres: PostgresFootprint | None
+
+    @property
+    def reference(self) -> Figure:
+        return self.figures[0]
+
+
+LABELS = {"legacy": "MCP legacy (session)", "modern": "MCP 2026-07-28 (stateless)"}
+
+
+def run(url: str, options: Options) -> McpRun:
+    """Seed, serve, and measure the reference and each era, interleaved round by round."""
+    seeded = seed(url, options.pending)
+    reference = Figure("service claim_next (ref)")
+    eras = {era: Figure(LABELS[era]) for era in options.eras}
+    make_ref, database = service_caller(url, seeded, options.clients)
+    try:
+        with serve(url, options) as (mcp_url, master):
+            sampler = PeakMemory(master)
+            sampler.start()
+            try:
+                for _ in range(options.rounds):
+                    reference.tallies.append(measure(make_ref, options.clients, options.seconds))
+                    reference.seconds += options.seconds
+                    for era, figure in eras.items():
+                        before = cpu_seconds(master)
+                        caller = rpc_caller(mcp_url, seeded.token, era)
+                        figure.tallies.append(measure(caller, options.clients, options.seconds))
+                        figure.seconds += options.seconds
+                        spent = cpu_seconds(master) - before
+                        figure.server_cpu = (figure.server_cpu or 0.0) + spent
+                postgres = postgres_footprint(url)  # its backends still open, after the load
+            finally:
+                sampler.stop.set()
+                sampler.join(timeout=5)
+            peaks = {pid: rss for pid, rss in sampler.peaks.items() if pid != master}
+    finally:
+        database.close()
+    return McpRun(options, seeded, [reference, *eras.values()], peaks, postgres)
+
+
 # --- report -------------------------------------------------------------------------------
 
 
-def line(name: str, tally: Tally, seconds: float, reference: float | None) -> str:
-    rate = tally.claims / seconds
-    ordered = sorted(tally.latencies)
-    p50 = statistics.median(ordered) * 1000 if ordered else float("nan")
-    p99 = ordered[int(0.99 * (len(ordered) - 1))] * 1000 if ordered else float("nan")
-    ratio = f"{rate / reference:5.2f}x" if reference else "  ref"
+def line(figure: Figure, reference: float | None) -> str:
+    ratio = f"{figure.rate / reference:5.2f}x" if reference else "  ref"
+    cpu = figure.cpu_per_claim_us
     return (
-        f"{name:<26} {rate:9.0f} {p50:9.2f} {p99:9.2f} {ratio:>8} "
-        f"{len(tally.errors):>7} {tally.idle:>6}"
+        f"{figure.label:<26} {figure.rate:9.0f} {figure.percentile(0.5):9.2f} "
+        f"{figure.percentile(0.99):9.2f} {ratio:>8} {len(figure.errors):>7} {figure.idle:>6}"
+        f" {f'{cpu:,.0f}' if cpu is not None else '':>10}"
     )
+
+
+def print_run(result: McpRun) -> None:
+    options = result.options
+    print(
+        f"MCP claim_next: {options.pending:,} pending todos in one queue, "
+        f"{options.clients} client threads, {options.rounds} interleaved rounds of "
+        f"{options.seconds:g} s per figure (+{WARMUP_SECONDS:g} s warm-up each); gunicorn "
+        f"{options.workers} workers x {options.threads} threads (gthread), same machine as "
+        "PostgreSQL."
+    )
+    print(
+        f"{'figure':<26} {'claims/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'vs ref':>8} "
+        f"{'errors':>7} {'idle':>6} {'srv us/cl':>10}"
+    )
+    for figure in result.figures:
+        print(line(figure, None if figure is result.reference else result.reference.rate))
+        for error in figure.errors[:3]:
+            print(f"  error: {error}")
+    peaks = ", ".join(f"{rss / MiB:,.0f}" for rss in sorted(result.worker_peaks.values()))
+    print(f"peak RSS per gunicorn worker (MiB): {peaks or 'not sampled'}")
+    if result.postgres is not None:
+        print(f"PostgreSQL after the load: {result.postgres.describe()}")
 
 
 def main(argv: list[str] | None = None) -> int:
     options = parse_args(argv)
     with server(options.database_url) as admin, bench_database(admin) as url:
-        seeded = seed(url, options.pending)
-        print(
-            f"MCP claim_next: {options.pending:,} pending todos in one queue, "
-            f"{options.clients} client threads, {options.seconds:g} s per figure "
-            f"(+{WARMUP_SECONDS:g} s warm-up); gunicorn {options.workers} workers x "
-            f"{options.threads} threads (gthread), same machine as PostgreSQL."
-        )
-        print(
-            f"{'figure':<26} {'claims/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'vs ref':>8} "
-            f"{'errors':>7} {'idle':>6}"
-        )
-        make, database = service_caller(url, seeded, options.clients)
-        try:
-            reference = measure(make, options.clients, options.seconds)
-        finally:
-            database.close()
-        rate = reference.claims / options.seconds
-        print(line("service claim_next (ref)", reference, options.seconds, None))
-        failed = bool(reference.errors)
-        with serve(url, options) as mcp_url:
-            for era in options.eras:
-                tally = measure(
-                    rpc_caller(mcp_url, seeded.token, era), options.clients, options.seconds
-                )
-                label = "MCP legacy (session)" if era == "legacy" else "MCP 2026-07-28 (stateless)"
-                print(line(label, tally, options.seconds, rate))
-                for error in tally.errors[:3]:
-                    print(f"  error: {error}")
-                failed |= bool(tally.errors)
-    return 1 if failed else 0
+        result = run(url, options)
+    print_run(result)
+    return 1 if any(f.errors for f in result.figures) else 0
 
 
 if __name__ == "__main__":

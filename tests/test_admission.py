@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -294,13 +295,13 @@ def test_starvation_nine_exhausted_queues_do_not_block_the_open_one(
         budget(conn, endpoint, owner, queue, max_claims_per_window=0, window=NY_DAY)
     add(conn, endpoint, "q9", n=1)
     calls = []
-    original = todos.claim_next
+    original = todos.claim_next_budgeted
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         calls.append(kwargs["excluded"])
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(todos, "claim_next", counting)
+    monkeypatch.setattr(todos, "claim_next_budgeted", counting)
     result = next_claim(conn, endpoint, queues=queues)
     assert isinstance(result, Claimed) and result.claim.todo.queue == "q9"
     assert len(calls) == 1 and calls[0] == queues[:9]  # excluded by the pre-read
@@ -310,30 +311,37 @@ def test_refusals_under_the_lock_are_bounded_by_the_queue_count(
     conn: Connection[Any], endpoint: Endpoint, owner: Human, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Exhaustion the pre-read cannot see (it raced) is found under the lock, one queue per
-    try, and the loop ends after at most len(queues) + 1 candidates."""
+    try, and the loop ends after at most len(queues) + 2 statements."""
     queues = [f"q{i}" for i in range(4)]
     for queue in queues:
         add(conn, endpoint, queue, n=2)
         budget(conn, endpoint, owner, queue, max_claims_per_window=1, window=NY_DAY)
         assert isinstance(next_claim(conn, endpoint, queues=[queue]), Claimed)
-    monkeypatch.setattr(admission.store, "states", lambda *a, **k: [])  # a blind pre-read
+    real_states = admission.store.states
+
+    def raced(*args: Any, **kwargs: Any) -> Any:  # a pre-read that missed the last claims
+        fresh = real_states(*args, **kwargs)
+        return [dataclasses.replace(s, latest_window_start=None, latest_used=None) for s in fresh]
+
+    monkeypatch.setattr(admission.store, "states", raced)
     calls = []
-    original = todos.claim_next
+    original = todos.claim_next_budgeted
     monkeypatch.setattr(
-        todos, "claim_next", lambda *a, **k: calls.append(k["excluded"]) or original(*a, **k)
+        todos,
+        "claim_next_budgeted",
+        lambda *a, **k: calls.append(k["excluded"]) or original(*a, **k),
     )
     result = next_claim(conn, endpoint, queues=queues)
     assert isinstance(result, Idle)
     assert sorted(d.queue for d in result.deferred) == queues
-    assert len(calls) <= len(queues) + 1
+    assert len(calls) <= len(queues) + 2  # one refusal per queue; idle: skip pass, then wait
 
 
 def test_no_policy_runs_one_statement_per_claim(
     conn: Connection[Any], endpoint: Endpoint, owner: Human
 ) -> None:
     """R-ZERO: an unbudgeted claim is today's one statement (after one pre-read has seen no
-    policy); a budgeted one adds the pre-read, the policy lock and the locked
-    count-claim-charge statement (the last two travel with COMMIT in one batch)."""
+    policy); a budgeted one is one statement too (the gate inside it), after one pre-read."""
     add(conn, endpoint, "free", n=3)
     add(conn, endpoint, "budgeted", n=1)
     budget(conn, endpoint, owner, "budgeted", max_claims_per_window=5, window=NY_DAY)
@@ -353,12 +361,16 @@ def test_no_policy_runs_one_statement_per_claim(
 
     first, first_count = count(["free"])
     second, second_count = count(["free"])
+    add(conn, endpoint, "budgeted", n=1)
     budgeted, budgeted_count = count(["budgeted"])
+    again, again_count = count(["budgeted"])
     assert isinstance(first, Claimed) and first.headroom is None
     assert isinstance(second, Claimed) and second.headroom is None
     assert (first_count, second_count) == (2, 1)  # pre-read once, then the claim alone
     assert isinstance(budgeted, Claimed) and budgeted.headroom is not None
-    assert budgeted_count == 4
+    assert isinstance(again, Claimed) and again.headroom is not None
+    assert again.headroom.used == 2
+    assert (budgeted_count, again_count) == (2, 1)
 
 
 def test_a_policy_created_after_the_no_policy_hint_still_binds(
@@ -528,7 +540,7 @@ def test_week_window_on_the_declared_weekday(
     )
 
 
-def test_a_window_redefined_between_candidate_and_lock_starts_over(
+def test_a_window_redefined_between_pre_read_and_lock_starts_over(
     clone_db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from switchboard.db import Database
@@ -539,17 +551,19 @@ def test_a_window_redefined_between_candidate_and_lock_starts_over(
         endpoint = make_endpoint(setup, owner)
         add(setup, endpoint, n=2)
         budget(setup, endpoint, owner, max_claims_per_window=5, window=NY_DAY)
-    original = todos.claim_admitted
-    calls = []
+    original = todos.claim_next_budgeted
+    calls: list[Any] = []
 
     def redefine_first(*args: Any, **kwargs: Any) -> Any:
-        if not calls:  # an owner moves the window while this claim holds its candidate
+        if not calls:  # an owner moves the window after this claim read the policy
             with psycopg.connect(clone_db, autocommit=True) as other:
                 other.execute("UPDATE admission_policies SET window_start = '06:00'")
-        calls.append(kwargs["window_start"])
-        return original(*args, **kwargs)
+        calls.append(kwargs["budgets"].window_starts)
+        result = original(*args, **kwargs)
+        calls.append(result.refusal)
+        return result
 
-    monkeypatch.setattr(todos, "claim_admitted", redefine_first)
+    monkeypatch.setattr(todos, "claim_next_budgeted", redefine_first)
     db = Database(clone_db, min_size=1, max_size=2)
     db.open(wait=True)
     try:
@@ -564,10 +578,12 @@ def test_a_window_redefined_between_candidate_and_lock_starts_over(
     finally:
         db.close()
     assert isinstance(claimed, Claimed) and claimed.headroom is not None
-    # First try: the 00:00 window (refused as stale, rolled back); then 06:00, charged.
+    # First try: the 00:00 window (refused as stale, nothing written); then 06:00, charged.
     assert calls == [
-        datetime(2026, 3, 2, 5, 0, tzinfo=UTC),
-        datetime(2026, 3, 2, 11, 0, tzinfo=UTC),
+        [datetime(2026, 3, 2, 5, 0, tzinfo=UTC)],
+        "policy_changed",
+        [datetime(2026, 3, 2, 11, 0, tzinfo=UTC)],
+        None,
     ]
     with psycopg.connect(clone_db) as check:
         assert used(check) == [(datetime(2026, 3, 2, 11, 0, tzinfo=UTC), 1)]

@@ -5,12 +5,11 @@ Every function takes an open transaction's connection; the caller commits.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -18,7 +17,9 @@ from psycopg import Connection
 
 from switchboard import doorbells, metrics
 from switchboard.admission import service as admission
+from switchboard.admission import windows
 from switchboard.admission.service import DeferredQueue, Headroom, Verdict
+from switchboard.admission.windows import Window
 from switchboard.db import Database
 from switchboard.errors import AdmissionUnavailable, Deferred, NotFound
 from switchboard.models import Actor, Claim, Human, Todo
@@ -103,29 +104,87 @@ class _Refused:
 
 
 _HintKey = tuple[UUID, tuple[str, ...] | None]
+_NO_POLICY = "none"
+# A window assumption the gate found stale (redefined policy, or a clock across a boundary)
+# makes claim_next re-read the policies with the database clock; this many times at most.
+_STALE_RETRIES = 3
+_STALE = ("policy_changed", "window_moved")
+_EVER = (datetime.min.replace(tzinfo=UTC), datetime.max.replace(tzinfo=UTC))
+
+
+def _python_now() -> datetime:
+    """The instant windows are placed at when claim_next runs on a cached pre-read. The gate
+    checks it against the database clock (window_moved), so skew costs a retry, never a
+    wrong charge."""
+    return datetime.now(UTC)
+
+
+class _Budgeted:
+    """The policies of a queue set as a pre-read saw them (queue → window of its window limit,
+    None without one), and the gate's parameters for the windows around the last instant asked,
+    reused until an instant falls outside them."""
+
+    def __init__(self, policies: dict[str, Window | None]) -> None:
+        self.policies = policies
+        self._placed: tuple[datetime, datetime, todos.Budgets] | None = None
+
+    def at(self, t: datetime) -> todos.Budgets:
+        placed = self._placed
+        if placed is None or not placed[0] <= t < placed[1]:
+            placed = self._placed = _place(self.policies, t)
+        return placed[2]
+
+
+def _place(
+    policies: dict[str, Window | None], t: datetime
+) -> tuple[datetime, datetime, todos.Budgets]:
+    """The gate's parameters at ``t`` and the span [from, until) in which they hold. A queue in
+    a zone the embedded tzdata lacks is left out: the pre-read refused it already."""
+    budgets = todos.Budgets([], [], [], [], [], [], [])
+    valid_from, valid_until = _EVER
+    for queue, window in policies.items():
+        start = end = None
+        if window is not None:
+            try:
+                start = windows.window_start(window, t)
+                end = windows.next_boundary(window, t)
+            except windows.UnknownZone:
+                continue
+            valid_from, valid_until = max(valid_from, start), min(valid_until, end)
+        budgets.queues.append(queue)
+        budgets.periods.append(window.period if window else None)
+        budgets.tzs.append(window.tz if window else None)
+        budgets.starts.append(window.start if window else None)
+        budgets.weekdays.append(window.weekday if window else None)
+        budgets.window_starts.append(start)
+        budgets.window_ends.append(end)
+    return valid_from, valid_until, budgets
+
+
+_Hint = _Budgeted | str
 
 
 class _PreReadHints:
     """What claim_next's pre-read found a moment ago, per (endpoint, queue set): ``"none"`` (no
-    policy: the claim can run as one autocommit statement) or ``"open"`` (policies, none of
-    them exhausted: nothing to exclude up front).
+    policy: the claim can run as today's statement) or the policies, none of them exhausted
+    (nothing to exclude up front; the claim runs through the gate).
 
     Only a hint. Correctness never depends on it — the claim statement locks and checks the
-    candidate queue's policy itself, and a refusal under that lock drops the hint — it only
-    spares the hot path a round trip per claim.
+    candidate queue's policy itself, refuses when the policy is not the one assumed here, and
+    any refusal drops the hint — it only spares the hot path a round trip per claim.
     """
 
     def __init__(self, ttl_seconds: float) -> None:
         self.ttl = ttl_seconds
-        self._hints: dict[_HintKey, tuple[float, str]] = {}
+        self._hints: dict[_HintKey, tuple[float, _Hint]] = {}
         self._lock = threading.Lock()
 
-    def get(self, key: _HintKey) -> str | None:
+    def get(self, key: _HintKey) -> _Hint | None:
         with self._lock:
-            until, hint = self._hints.get(key, (0.0, ""))
+            until, hint = self._hints.get(key, (0.0, None))
         return hint if until > time.monotonic() else None
 
-    def remember(self, key: _HintKey, hint: str | None) -> None:
+    def remember(self, key: _HintKey, hint: _Hint | None) -> None:
         with self._lock:
             if hint is None:
                 self._hints.pop(key, None)
@@ -135,7 +194,8 @@ class _PreReadHints:
             self._hints[key] = (time.monotonic() + self.ttl, hint)
 
 
-_HINTS = _PreReadHints(ttl_seconds=1.0)
+HINT_SECONDS = 1.0  # how long a pre-read is reused by claim_next
+_HINTS = _PreReadHints(ttl_seconds=HINT_SECONDS)
 
 
 @metrics.counts_claims
@@ -153,61 +213,99 @@ def claim_next(
 
     Queues found exhausted by an unlocked pre-read are excluded up front; a queue refused
     under its policy lock is excluded and the next candidate tried, at most once per queue.
+    Each try is one statement (R-ZERO without policies; the gate with them).
     """
     queues = drainable_queues(granted_queues, asked_queues)
     if queues == []:
         return Idle([])
-    claim = functools.partial(
-        todos.claim_next,
-        endpoint_id=endpoint_id,
-        queues=queues,
-        claimant_endpoint_id=actor.endpoint_id,
-        claimant_human_id=actor.human_id,
-        actor=actor.label,
-        lease_seconds=lease_seconds,
-        now=now,
-    )
+    common: dict[str, Any] = {
+        "endpoint_id": endpoint_id,
+        "queues": queues,
+        "claimant_endpoint_id": actor.endpoint_id,
+        "claimant_human_id": actor.human_id,
+        "actor": actor.label,
+        "lease_seconds": lease_seconds,
+        "now": now,
+    }
     key = (endpoint_id, tuple(queues) if queues is not None else None)
     hint = _HINTS.get(key)
-    if hint == "none":
+    if hint == _NO_POLICY:
         with db.statement() as conn:  # R-ZERO: today's one statement, one round trip
-            found = claim(conn)
+            found = todos.claim_next(conn, **common)
         if found is None or isinstance(found, Claim):
             return Claimed(found, None) if found else Idle([])
-        # A policy appeared; the statement claimed nothing and its locks are gone.
+        hint = None  # A policy appeared; the statement claimed nothing and its locks are gone.
     refused: dict[str, Verdict] = {}
-    if hint != "open":
-        refused = _pre_read(db, key, queues, now)
-    # Bounded: each pass returns, or refuses a queue not yet excluded (len(queues) at most).
+    at = now  # where windows are placed: pinned, the pre-read's database clock, else Python's
+    stale = 0
+    # Over several queues, first pass over those whose policy another claim holds (the next
+    # queue instead of a wait); if that finds nothing, wait (R-ADMIT order is kept per queue).
+    skip_busy = queues is None or len(queues) > 1
+    # Bounded: each pass returns, refuses a queue not yet excluded, counts a stale try, or
+    # stops skipping busy queues.
     while True:
-        with db.pipelined() as conn:
-            found = claim(conn, excluded=sorted(refused))
-            if found is None:
-                deferred = admission.deferred_items(
-                    conn, endpoint_id=endpoint_id, verdicts=refused, now=now
-                )
-                doorbells.waiting(conn, endpoint_id=endpoint_id, deferred=deferred, now=now)
-                return Idle(deferred)
-            admitted = _admit(conn, found, actor=actor, lease_seconds=lease_seconds)
-        outcome = admitted()  # after COMMIT
+        if not isinstance(hint, _Budgeted):
+            hint, exhausted, read_at = _pre_read(db, key, queues, now)
+            refused.update(exhausted)
+            at = now or read_at
+        with db.statement() as conn:
+            result = todos.claim_next_budgeted(
+                conn,
+                budgets=hint.at(at or _python_now()),
+                excluded=sorted(refused),
+                skip_busy=skip_busy,
+                **common,
+            )
+        if result is None:
+            if skip_busy:  # the free queues had nothing: try again, waiting for busy ones
+                skip_busy = False
+                continue
+            return Idle(_deferred(db, endpoint_id, refused, now))
+        window = hint.policies.get(result.queue)
+        outcome = _admission_outcome(window, result)
         if isinstance(outcome, Claimed):
             return outcome
         _HINTS.remember(key, None)
-        if outcome is None:  # the window was redefined meanwhile: read the policies again
-            refused = _pre_read(db, key, queues, now)
+        if isinstance(outcome, _Refused):
+            refused[outcome.queue] = outcome.verdict
             continue
-        refused[outcome.queue] = outcome.verdict
+        stale += 1
+        if stale > _STALE_RETRIES:  # the policy keeps changing under us: fail closed
+            refused[result.queue] = _unavailable(window, result)
+        hint = None
 
 
 def _pre_read(
     db: Database, key: _HintKey, queues: Sequence[str] | None, now: datetime | None
-) -> dict[str, Verdict]:
-    """The queues to exclude up front (unlocked read of their policies), noting the hint."""
+) -> tuple[_Budgeted, dict[str, Verdict], datetime | None]:
+    """The policies of the queues, the queues to exclude up front (unlocked read) and the
+    database clock of the read; notes the hint."""
     with db.statement() as conn:
         states = admission_store.states(conn, endpoint_ids=[key[0]], queues=queues, now=now)
     refused = {s.queue: v for s in states if (v := admission.evaluate(s, for_claim=True)).deferred}
-    _HINTS.remember(key, "none" if not states else None if refused else "open")
-    return refused
+    budgeted = _Budgeted({s.queue: admission.policy_of(s).window for s in states})
+    _HINTS.remember(key, _NO_POLICY if not states else None if refused else budgeted)
+    return budgeted, refused, states[0].now if states else None
+
+
+def _deferred(
+    db: Database, endpoint_id: UUID, refused: dict[str, Verdict], now: datetime | None
+) -> list[DeferredQueue]:
+    """The deferred list of an idle claim_next (a read only when queues were refused)."""
+    if not refused:
+        return []
+    with db.statement() as conn:
+        deferred = admission.deferred_items(
+            conn, endpoint_id=endpoint_id, verdicts=refused, now=now
+        )
+        # The caller now waits for these queues: their gates ring when they open (R-REOPEN).
+        doorbells.waiting(conn, endpoint_id=endpoint_id, deferred=deferred, now=now)
+    return deferred
+
+
+def _unavailable(window: Window | None, result: todos.Admission) -> Verdict:
+    policy = admission.Policy(result.max_in_flight, result.max_claims_per_window, window)
+    return Verdict(policy, admission.UNAVAILABLE, None, None, None, None, None, None, False)
 
 
 @metrics.counts_claims
@@ -292,57 +390,66 @@ def _claim_by_id(
 def _admit(
     conn: Connection[Any], found: Claim | Candidate, *, actor: Actor, lease_seconds: int | None
 ) -> Callable[[], Claimed | _Refused | None]:
-    """Finish a claim; the returned function gives the outcome (read it after COMMIT). No
-    policy: claimed already. A budgeted candidate: decided under its locks, then claimed and
-    charged in one statement, or refused with nothing written."""
+    """Finish a claim by id; the returned function gives the outcome (read it after COMMIT).
+    No policy: claimed already. A budgeted candidate: admitted through the gate at the
+    candidate's clock, claimed and charged in one statement, or refused with nothing
+    written."""
     if isinstance(found, Claim):
         claimed = Claimed(found, None)
         return lambda: claimed
     policy = admission.policy_of(found.policy)
-    verdict = admission.decide(
-        policy, now=found.now, in_flight=None, used_in=(None, None), earliest_lease_expiry=None
-    )
-    if verdict.reason == admission.UNAVAILABLE:
+    window = policy.window
+    budgets = _place({found.queue: window}, found.now)[2]
+    if found.queue not in budgets.queues:  # a zone the embedded tzdata lacks: fail closed
+        verdict = admission.decide(
+            policy, now=found.now, in_flight=None, used_in=(None, None), earliest_lease_expiry=None
+        )
         refused = _Refused(found.queue, verdict)
         return lambda: refused
     result = todos.claim_admitted(
         conn,
         candidate=found,
-        window_start=verdict.window_start,
+        budgets=budgets,
         claimant_endpoint_id=actor.endpoint_id,
         claimant_human_id=actor.human_id,
         actor=actor.label,
         lease_seconds=lease_seconds,
-        now=found.now,
     )
-    return lambda: _admission_outcome(found, policy, verdict.window_start, result())
+    return lambda: _admission_outcome(window, result())
 
 
-def _admission_outcome(
-    found: Candidate, seen: admission.Policy, window_start: datetime | None, result: Any
-) -> Claimed | _Refused | None:
+def _admission_outcome(window: Window | None, result: todos.Admission) -> Claimed | _Refused | None:
     """The claim with its headroom, the refusal with the verdict read under the lock, or None
-    when the policy's window was redefined since the candidate was found (start over)."""
-    if result.refusal == "policy_changed":
+    when the gate found the caller's window assumption stale (start over)."""
+    if result.refusal in _STALE:
         return None
-    policy = admission.Policy(result.max_in_flight, result.max_claims_per_window, seen.window)
+    if not result.budgeted:
+        assert result.claim is not None  # no policy: the gate admits
+        return Claimed(result.claim, None)
+    policy = admission.Policy(result.max_in_flight, result.max_claims_per_window, window)
     if result.claim is None:
         refusal = admission.decide(
             policy,
-            now=found.now,
+            now=result.now,
             in_flight=result.in_flight,
-            used_in=(window_start, result.used_before),
+            used_in=(result.window_start, result.used_before),
             earliest_lease_expiry=result.earliest_lease_expiry,
         )
-        return _Refused(found.queue, refusal)
-    after = admission.decide(
-        policy,
-        now=found.now,
-        in_flight=None if result.in_flight is None else result.in_flight + 1,
-        used_in=(window_start, result.used_after),
-        earliest_lease_expiry=None,
+        return _Refused(result.queue, refusal)
+    # Headroom after the claim, from what the gate read under the lock; the window's end was
+    # placed with its start, so no window arithmetic runs here.
+    used, limit = result.used_after, result.max_claims_per_window
+    return Claimed(
+        result.claim,
+        Headroom(
+            result.max_in_flight,
+            None if result.in_flight is None else result.in_flight + 1,
+            limit,
+            used,
+            max(limit - used, 0) if limit is not None and used is not None else None,
+            result.window_end,
+        ),
     )
-    return Claimed(result.claim, admission.headroom(after))
 
 
 def _claimed_or_raise(outcome: Claimed | _Refused) -> Claimed:

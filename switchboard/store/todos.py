@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -20,9 +21,19 @@ _Q = load_queries("todos")
 # One claim tail (R-CLAIM) spliced into every claim path; claim_next and claim_todo go
 # through the admission gate first.
 _GATED = _Q["admit"].replace("{claim}", _Q["claim"].replace("{result}", _Q["claim_result"]))
-_CLAIM_NEXT = _Q["claim_next"].replace("{admit}", _GATED)
+_CLAIM_NEXT = (_Q["claim_next"].replace("{policy_free}", "").replace("{where_free}", "")).replace(
+    "{admit}", _GATED
+)
 _CLAIM_TODO = _Q["claim_todo"].replace("{admit}", _GATED)
-_CLAIM_ADMITTED = _Q["claim_admitted"].replace("{claim}", _Q["claim"].replace("{result}", ""))
+# Budgeted paths: the same candidate probes and tail with admission_gate between them.
+_GATE = _Q["gate"].replace("{claim}", _Q["claim"].replace("{result}", _Q["gate_result"]))
+_CLAIM_NEXT_BUDGETED = (
+    _Q["claim_next"]
+    .replace("{policy_free}", "\n" + _Q["policy_free"])
+    .replace("{where_free}", _Q["where_free"] + "\n")
+    .replace("{admit}", _GATE)
+)
+_CLAIM_ADMITTED = _Q["claim_admitted"].replace("{gate}", _GATE)
 _SWEEP_BATCH = 1000
 _TODO_FIELDS = tuple(Todo.__dataclass_fields__)
 _POLICY_LIMITS = (
@@ -60,12 +71,61 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class Budgets:
+    """What the caller assumes about the asked queues' policies, as the gate's parameters: per
+    budgeted queue its window definition and the window [start, end) placed in Python for the
+    claim's instant (NULL without a window limit). A queue not listed is assumed unbudgeted."""
+
+    queues: list[str]
+    periods: list[str | None]
+    tzs: list[str | None]
+    starts: list[str | None]
+    weekdays: list[str | None]
+    window_starts: list[datetime | None]
+    window_ends: list[datetime | None]
+
+    @functools.cached_property
+    def _params(self) -> dict[str, str]:
+        # One two-dimensional array literal, built once per placement: the server parses it;
+        # psycopg would inspect and dump seven lists on every claim.
+        rows = zip(
+            self.queues,
+            self.periods,
+            self.tzs,
+            self.starts,
+            self.weekdays,
+            (t.isoformat() if t else None for t in self.window_starts),
+            (t.isoformat() if t else None for t in self.window_ends),
+            strict=True,
+        )
+        return {"budgets": "{" + ",".join(_array(row) for row in rows) + "}"}
+
+    def params(self) -> dict[str, str]:
+        return self._params
+
+
+def _array(values: Iterable[str | None]) -> str:
+    """A PostgreSQL array literal of text values (NULL for None)."""
+    quoted = (
+        "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        for v in values
+    )
+    return "{" + ",".join(quoted) + "}"
+
+
+@dataclass(frozen=True)
 class Admission:
-    """The outcome of claim_admitted: a claim, or the refusal with what was read under lock."""
+    """The outcome of a gated claim: a claim, or the refusal with what was read under lock."""
 
     claim: Claim | None
-    refusal: str | None  # also "policy_changed": the window was redefined; start over
-    in_flight: int | None
+    queue: str
+    now: datetime  # the statement's clock
+    budgeted: bool  # the queue had a policy (else claimed as today, no headroom)
+    # also "policy_changed" / "window_moved": the caller's assumption was stale; start over
+    refusal: str | None
+    window_start: datetime | None  # the window checked (and charged on a claim)
+    window_end: datetime | None
+    in_flight: int | None  # before this claim, the candidate excluded
     used_before: int | None
     used_after: int | None
     earliest_lease_expiry: datetime | None
@@ -98,7 +158,12 @@ def _gated_row(**columns: Any) -> Claim | Candidate:
 def _admission_row(**columns: Any) -> Admission:
     return Admission(
         claim=_claim(columns) if columns["id"] is not None else None,
+        queue=columns["gate_queue"],
+        now=columns["gate_now"],
+        budgeted=columns["budgeted"],
         refusal=columns["refusal"],
+        window_start=columns["checked_window"],
+        window_end=columns["checked_window_end"],
         in_flight=columns["in_flight"],
         used_before=columns["used_before"],
         used_after=columns["used_after"],
@@ -257,43 +322,72 @@ def claim_todo(
     return claim
 
 
-def claim_admitted(
+def claim_next_budgeted(
     conn: Connection[Any],
     *,
-    candidate: Candidate,
-    window_start: datetime | None,
+    endpoint_id: UUID,
+    queues: Sequence[str] | None,
+    budgets: Budgets,
     claimant_endpoint_id: UUID | None,
     claimant_human_id: UUID | None,
     actor: str,
     lease_seconds: int | None = None,
+    excluded: Sequence[str] = (),
+    skip_busy: bool = False,
     now: datetime | None = None,
-) -> Callable[[], Admission]:
-    """Lock the candidate's policy, then count, claim and charge, or refuse (R-ADMIT).
+) -> Admission | None:
+    """claim_next for queues that may have admission policies, in one statement: the oldest
+    candidate is locked, admitted by its queue's policy (as ``budgets`` assumes it), claimed
+    and charged — or refused with nothing written. None when nothing is claimable; with
+    ``skip_busy`` queues whose policy another claim holds are passed over, so None may also
+    mean "all busy" (wait: call again without it)."""
+    with conn.cursor(row_factory=kwargs_row(_admission_row)) as cur:
+        cur.execute(
+            _CLAIM_NEXT_BUDGETED,
+            {
+                "endpoint_id": endpoint_id,
+                "queues": list(queues) if queues is not None else None,
+                "excluded": list(excluded),
+                "lease_seconds": lease_seconds,
+                "claimant_endpoint_id": claimant_endpoint_id,
+                "claimant_human_id": claimant_human_id,
+                "actor": actor,
+                "now": now,
+                "skip_busy": skip_busy,
+                **budgets.params(),
+            },
+        )
+        return cur.fetchone()
 
-    Both statements are sent now; the returned function reads the outcome. In a pipelined
-    transaction read it after the block: the lock, the decision and COMMIT then travel in one
-    batch, so the policy lock is never held across a client round trip.
+
+def claim_admitted(
+    conn: Connection[Any],
+    *,
+    candidate: Candidate,
+    budgets: Budgets,
+    claimant_endpoint_id: UUID | None,
+    claimant_human_id: UUID | None,
+    actor: str,
+    lease_seconds: int | None = None,
+) -> Callable[[], Admission]:
+    """Admit, claim and charge a candidate that :func:`claim_todo` locked in this transaction,
+    or refuse (R-ADMIT), at the candidate's clock.
+
+    The statement is sent now; the returned function reads the outcome. In a pipelined
+    transaction read it after the block: the decision and COMMIT travel in one batch, so the
+    policy lock is never held across a client round trip.
     """
-    policy = candidate.policy
-    conn.execute(_Q["policy_lock"], {"policy_id": policy.id})
     cur = conn.cursor(row_factory=kwargs_row(_admission_row))
     cur.execute(
         _CLAIM_ADMITTED,
         {
             "id": candidate.id,
-            "endpoint_id": candidate.endpoint_id,
-            "queue": candidate.queue,
-            "policy_id": policy.id,
-            "period": policy.window_period,
-            "tz": policy.window_tz,
-            "hhmm": policy.window_start,
-            "weekday": policy.window_weekday,
-            "window_start": window_start,
             "lease_seconds": lease_seconds,
             "claimant_endpoint_id": claimant_endpoint_id,
             "claimant_human_id": claimant_human_id,
             "actor": actor,
-            "now": now,
+            "now": candidate.now,
+            **budgets.params(),
         },
     )
 

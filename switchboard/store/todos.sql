@@ -74,7 +74,7 @@ WITH clock AS (
     SELECT c.id, h.ep AS endpoint_id, h.name AS queue, c.state AS prior_state,
            c.attempt AS prior_attempt, c.retry_at AS prior_retry_at
     FROM (SELECT * FROM heads WHERE head IS NOT NULL ORDER BY head, name) h
-    CROSS JOIN clock
+    CROSS JOIN clock{policy_free}
     CROSS JOIN LATERAL (
         SELECT x.* FROM (
             SELECT * FROM (
@@ -105,12 +105,27 @@ WITH clock AS (
                     ORDER BY x.retry_at))
                   AND todo_claimable(t, clock.now)
                 ORDER BY t.created_at, t.id LIMIT 1 FOR UPDATE OF t SKIP LOCKED) r
-        ) x ORDER BY x.created_at, x.id LIMIT 1
+        ) x {where_free}ORDER BY x.created_at, x.id LIMIT 1
     ) c
     ORDER BY h.head, h.name
     LIMIT 1
 )
 {admit}
+
+-- name: policy_free
+-- Budgeted claim_next over several queues (skip_busy): a queue whose policy row another claim
+-- holds locked is passed over like a locked row (SKIP LOCKED), so concurrent claimers spread
+-- over the queues instead of queueing on the oldest one's policy. Its lock is taken here,
+-- before the candidate's; neither waits. No queue free: the caller retries waiting.
+CROSS JOIN LATERAL (SELECT CASE WHEN %(skip_busy)s THEN
+    NOT EXISTS (SELECT FROM admission_policies p WHERE p.endpoint_id = h.ep AND p.queue = h.name)
+    OR EXISTS (SELECT FROM admission_policies p WHERE p.endpoint_id = h.ep AND p.queue = h.name
+               FOR UPDATE SKIP LOCKED)
+    ELSE true END AS free) g
+
+-- name: where_free
+-- Referring only to the outer queue, this gates the candidate probes of a busy queue.
+WHERE g.free
 
 -- name: claim_todo
 -- One todo by id: wait for its row lock (FOR UPDATE), then claim it only if it is claimable.
@@ -132,8 +147,8 @@ WITH clock AS (
 -- Admission gate of claim_next and claim_todo (R-ADMIT, R-ZERO). After the candidate row is
 -- locked, its queue's policy is probed. No policy — the common case — is one index probe
 -- returning no row, and the candidate is claimed in this same statement. With a policy
--- nothing is claimed here: the statement returns the locked candidate and the policy, and the
--- caller locks the policy and decides (policy_lock, claim_admitted).
+-- nothing is claimed here: the statement returns the candidate and the policy (claim_next: the
+-- caller then claims through the gate; claim_todo: claim_admitted, same transaction).
 , pol AS (
     SELECT p.* FROM admission_policies p, found
     WHERE p.endpoint_id = found.endpoint_id AND p.queue = found.queue
@@ -193,69 +208,36 @@ CROSS JOIN clock
 LEFT JOIN pol ON true
 LEFT JOIN claimed c ON true
 
--- name: policy_lock
--- Sent in one pipeline batch with claim_admitted and COMMIT: the policy row lock serializes
--- admissions of one queue, the next statement's snapshot is taken once the lock is held, and
--- no client round trip happens while it is held.
-SELECT 1 FROM admission_policies WHERE id = %(policy_id)s FOR UPDATE
+-- name: gate
+-- Admission gate of the budgeted claim paths (R-ADMIT, R-NEVER, R-CHARGE): after the candidate
+-- row is locked, admission_gate (migration 0005) locks the queue's policy, checks the window
+-- the caller placed in Python against the policy and the statement's clock, counts in-flight
+-- in a snapshot taken after the lock and charges the window; the tail claims only when it
+-- admits. One statement, one round trip; nothing is written on a refusal.
+, gate AS (
+    SELECT g.* FROM found, clock,
+        admission_gate(found.endpoint_id, found.queue, found.id, clock.now, %(budgets)s) g
+), cand AS (
+    SELECT found.* FROM found, gate WHERE gate.refusal IS NULL
+)
+{claim}
+
+-- name: gate_result
+-- One row when a candidate was found (the gate ran once for it): the claim (claim columns NULL
+-- on a refusal) and the gate's outcome.
+SELECT c.*, gate.* FROM gate LEFT JOIN claimed c ON true
 
 -- name: claim_admitted
--- The budgeted half of a claim, under the candidate's and the policy's locks: read the policy,
--- in-flight (excluding the candidate: a takeover replaces its own lapsed claim) and the
--- window's usage in this statement's fresh snapshot, then claim and charge one unit only if
--- no limit is reached (R-ADMIT, R-CHARGE). Window arithmetic happened in Python from the
--- policy as the candidate saw it: a window redefined since then is refused as
--- policy_changed, and the caller starts over. %(window_start)s is NULL without a window.
+-- The second statement of a claim by id on a budgeted queue: the candidate is locked already
+-- (claim_todo, same transaction); the gate decides, the tail claims.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
-), pol AS (
-    SELECT p.max_in_flight, p.max_claims_per_window,
-           (p.window_period, p.window_tz, p.window_start, p.window_weekday)
-           IS NOT DISTINCT FROM (%(period)s::text, %(tz)s::text, %(hhmm)s::text, %(weekday)s::text)
-           AS same_window
-    FROM admission_policies p WHERE p.id = %(policy_id)s
-), usage AS (
-    SELECT
-        CASE WHEN (SELECT max_in_flight FROM pol) IS NOT NULL THEN (
-            SELECT count(*) FROM todos t
-            WHERE t.endpoint_id = %(endpoint_id)s AND t.queue = %(queue)s
-              AND t.state = 'claimed' AND t.id <> %(id)s) END AS in_flight,
-        CASE WHEN %(window_start)s::timestamptz IS NOT NULL THEN coalesce((
-            SELECT w.used FROM admission_windows w
-            WHERE w.policy_id = %(policy_id)s AND w.window_start = %(window_start)s), 0) END AS used
-), verdict AS (
-    SELECT usage.*, pol.max_in_flight, pol.max_claims_per_window,
-        CASE
-            WHEN pol.same_window IS NOT TRUE THEN 'policy_changed'
-            WHEN pol.max_in_flight = 0 OR pol.max_claims_per_window = 0 THEN 'paused'
-            WHEN usage.in_flight >= pol.max_in_flight THEN 'in_flight_full'
-            WHEN usage.used >= pol.max_claims_per_window THEN 'window_exhausted'
-        END AS refusal
-    FROM usage LEFT JOIN pol ON true
 ), found AS (
     SELECT t.id, t.endpoint_id, t.queue, t.state AS prior_state, t.attempt AS prior_attempt,
            t.retry_at AS prior_retry_at
     FROM todos t WHERE t.id = %(id)s
-), cand AS (
-    SELECT found.* FROM found, verdict WHERE verdict.refusal IS NULL
 )
-{claim}, charged AS (
-    INSERT INTO admission_windows AS w (policy_id, window_start, used, updated_at)
-    SELECT %(policy_id)s, %(window_start)s, 1, c.claimed_at FROM claimed c
-    WHERE %(window_start)s::timestamptz IS NOT NULL
-    ON CONFLICT (policy_id, window_start)
-    DO UPDATE SET used = w.used + 1, updated_at = excluded.updated_at
-    RETURNING w.used
-)
-SELECT c.*, verdict.refusal, verdict.in_flight, verdict.used AS used_before,
-       verdict.max_in_flight AS current_max_in_flight,
-       verdict.max_claims_per_window AS current_max_claims,
-       (SELECT used FROM charged) AS used_after,
-       CASE WHEN verdict.refusal = 'in_flight_full' THEN (
-           SELECT min(t.lease_expires_at) FROM todos t
-           WHERE t.endpoint_id = %(endpoint_id)s AND t.queue = %(queue)s AND t.state = 'claimed')
-       END AS earliest_lease_expiry
-FROM verdict LEFT JOIN claimed c ON true
+{gate}
 
 -- name: heartbeat
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
