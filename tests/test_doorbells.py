@@ -16,45 +16,16 @@ from psycopg import Connection
 from switchboard import doorbells
 from switchboard.admission import service as admission
 from switchboard.db import Database
-from switchboard.models import Actor, Endpoint, Human, Todo
+from switchboard.models import Actor, Endpoint, Human
 from switchboard.services import todos as service
-from switchboard.services.todos import Claimed, Idle, TodoDefaults
+from switchboard.services.todos import Claimed, Idle
 from switchboard.store import doorbells as store
 from tests.conftest import SingleConnection, make_endpoint, make_human
-
-# 2026-03-02 is a Monday; New York is on EST (UTC-5) until 2026-03-08.
-T0 = datetime(2026, 3, 2, 15, 0, tzinfo=UTC)
-NY_DAY = {"period": "day", "tz": "America/New_York", "start": "00:00"}
-NEXT_NY_MIDNIGHT = datetime(2026, 3, 3, 5, 0, tzinfo=UTC)
+from tests.test_admission import NEXT_NY_MIDNIGHT, NY_DAY, T0, add, budget, next_claim
 
 
-def add(conn: Connection[Any], endpoint: Endpoint, queue: str = "q", n: int = 1) -> list[Todo]:
-    return [
-        service.create(
-            conn,
-            endpoint_id=endpoint.id,
-            data={"queue": queue, "title": f"t{i}"},
-            actor=Actor(endpoint_id=endpoint.id),
-            defaults=TodoDefaults(),
-            now=T0 - timedelta(minutes=60 - i),
-        )
-        for i in range(n)
-    ]
-
-
-def budget(conn: Connection[Any], endpoint: Endpoint, owner: Human, **policy: Any) -> None:
-    admission.put_policy(conn, endpoint=endpoint, queue="q", data=policy, actor_human_id=owner.id)
-
-
-def claim_next(conn: Connection[Any], endpoint: Endpoint, now: datetime = T0) -> Claimed | Idle:
-    return service.claim_next(
-        SingleConnection(conn),
-        endpoint_id=endpoint.id,
-        granted_queues=None,
-        asked_queues=None,
-        actor=Actor(endpoint_id=endpoint.id),
-        now=now,
-    )
+def claim_next(conn: Connection[Any], endpoint: Endpoint) -> Claimed | Idle:
+    return next_claim(conn, endpoint)
 
 
 def dispatch(conn: Connection[Any], now: datetime = T0) -> doorbells.Dispatched:

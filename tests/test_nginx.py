@@ -25,7 +25,7 @@ from flask import Flask, request
 from mcp import Client
 
 from app import MAX_CONTENT_LENGTH
-from switchboard import config, doorbells, extensions
+from switchboard import config, extensions
 from tests.mcp_fixtures import (
     ROOT,
     Agent,
@@ -34,7 +34,7 @@ from tests.mcp_fixtures import (
     make_agent,
     start_switchboard,
 )
-from tests.test_doorbells_http import Heard, attach_and_run, create, wait_for
+from tests.test_doorbells_http import seconds_to_hear_a_create
 from tests.test_mcp_sdk import MODES, ok, with_client
 from tests.test_mcp_streams import open_listen_stream
 from tests.test_metrics import parse, value
@@ -249,15 +249,5 @@ def test_a_doorbell_arrives_through_nginx_within_a_second(
     proxied: Proxied, module_db: str, proxied_agent: Agent, mode: str
 ) -> None:
     """R-BELL behind the proxy: a create rings the attached SDK agent's stream at once."""
-    uri = doorbells.queue_uri(proxied_agent.endpoint, "q")
-    latency: list[float] = []
-
-    def script(heard: Heard) -> None:
-        before = heard.now()
-        create(proxied.served, proxied_agent)
-        (event,) = wait_for(heard, 1, before, 3)
-        assert event[1] == uri
-        latency.append(event[0] - before)
-
-    attach_and_run(proxied.served, module_db, proxied_agent, mode, uri, script)
-    assert latency[0] < 1.0, f"todo_ready took {latency[0]:.3f} s through nginx"
+    latency = seconds_to_hear_a_create(proxied.served, module_db, proxied_agent, mode)
+    assert latency < 1.0, f"todo_ready took {latency:.3f} s through nginx"
