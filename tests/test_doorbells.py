@@ -11,11 +11,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg import Connection
 
 from switchboard import doorbells
 from switchboard.admission import service as admission
 from switchboard.db import Database
+from switchboard.errors import Deferred
 from switchboard.models import Actor, Endpoint, Human
 from switchboard.services import todos as service
 from switchboard.services.todos import Claimed, Idle
@@ -135,6 +137,25 @@ def test_a_refused_claim_next_waits_and_the_freed_slot_rings_at_once(
     # Inline in complete's transaction: no dispatch, no tick.
     assert rings(conn, endpoint)[before:] == [("q", 2, "reopen")]
     assert doorbells.reopen(SingleConnection(conn), now=T0) == 0  # type: ignore[arg-type]
+
+
+def test_a_refused_claim_by_id_waits_too(
+    conn: Connection[Any], endpoint: Endpoint, owner: Human
+) -> None:
+    budget(conn, endpoint, owner, max_in_flight=1)
+    first, second = add(conn, endpoint, n=2)
+    agent = Actor(endpoint_id=endpoint.id)
+    db: Any = SingleConnection(conn)
+    held = service.claim(db, id=first.id, endpoint_id=endpoint.id, granted_queues=None,
+                         actor=agent, now=T0)  # fmt: skip
+    with pytest.raises(Deferred):
+        service.claim(db, id=second.id, endpoint_id=endpoint.id, granted_queues=None,
+                      actor=agent, now=T0)  # fmt: skip
+    assert [g.queue for g in store.gates_deferred(conn)] == ["q"]
+    todo = held.claim.todo
+    service.complete(conn, id=todo.id, endpoint_id=endpoint.id, attempt=todo.attempt,
+                     actor=agent, now=T0)  # fmt: skip
+    assert rings(conn, endpoint)[-1] == ("q", 1, "reopen")
 
 
 def test_release_rings_once_and_a_raised_limit_reopens_inline(

@@ -333,7 +333,17 @@ def claim(
                 now=now,
             )
         if (outcome := admitted()) is not None:
+            if isinstance(outcome, _Refused):
+                _agent_waits(db, endpoint_id, outcome, now)
             return _claimed_or_raise(outcome)
+
+
+def _agent_waits(db: Database, endpoint_id: UUID, refused: _Refused, now: datetime | None) -> None:
+    """A refused agent now waits for the queue: its gate rings when it opens (R-REOPEN)."""
+    reason = refused.verdict.reason or admission.UNAVAILABLE
+    item = DeferredQueue(refused.queue, reason, 1, refused.verdict.next_eligible_at, False)
+    with db.statement() as conn:
+        doorbells.waiting(conn, endpoint_id=endpoint_id, deferred=[item], now=now)
 
 
 @metrics.counts_claims
