@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -50,9 +51,17 @@ class Leadership:
         self.key = key
         self._conn: psycopg.Connection[Any] | None = None
         self.leading = False
+        # The tick, upkeep and retention jobs ask at once from the scheduler's threads; without
+        # this two of them could each open a session, and the lock taken on the one dropped
+        # would be lost with it.
+        self._mutex = threading.RLock()
 
     def acquire(self) -> bool:
         """True when this process leads: a held lock is re-verified, a free one is taken."""
+        with self._mutex:
+            return self._acquire()
+
+    def _acquire(self) -> bool:
         try:
             conn = self._connection()
             if self.leading:
@@ -62,13 +71,17 @@ class Leadership:
                 self.leading = bool(row and row[0])
         except psycopg.Error as exc:
             log.warning("scheduler leadership check failed: %s", exc)
-            self.release()
+            self._release()
         return self.leading
 
     def release(self) -> None:
         """Give up leadership: unlock, then close the session. Closing alone also drops the
         lock, but only once the server has processed the disconnect, so a successor asking at
         once could still find it held."""
+        with self._mutex:
+            self._release()
+
+    def _release(self) -> None:
         if self._conn is not None:
             if self.leading and not self._conn.closed:
                 with contextlib.suppress(psycopg.Error):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -164,3 +165,31 @@ def test_idle_pool_connections_broken_by_a_restart_are_replaced(
     db.check_idle()
     with db.transaction() as conn:  # no request pays for the broken connection
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_jobs_asking_at_once_share_one_session_and_all_lead(clone_db: str) -> None:
+    """The tick, upkeep and retention jobs start together: they must not each open a session
+    (the lock taken on a dropped one would be lost, and the process would not know it leads)."""
+    leadership = Leadership(clone_db)
+    barrier = threading.Barrier(8)
+    answers: list[bool] = []
+
+    def ask() -> None:
+        barrier.wait()
+        answers.append(leadership.acquire())
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert answers == [True] * 8
+        with psycopg.connect(clone_db) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name LIKE 'switchboard-scheduler-%%'"
+            ).fetchone()
+        assert row is not None and row[0] == 1
+    finally:
+        leadership.release()
