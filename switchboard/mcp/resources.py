@@ -88,7 +88,13 @@ def read(
     queue = resolve(agent, uri)
     at = now or datetime.now(UTC)
     queues = _queues(conn, agent) if queue is None else [queue]
-    statuses = [_status(conn, agent, name, at) for name in queues]
+    budgets = {
+        status.queue: dump_queue_status(agent.endpoint, status)
+        for status in admission.queue_statuses(
+            conn, endpoint_ids=[agent.grant.endpoint_id], queues=queues, now=at
+        )
+    }
+    statuses = [_status(conn, agent, name, budgets.get(name), at) for name in queues]
     document: dict[str, Any] = (
         {"endpoint": agent.endpoint, "queues": statuses} if queue is None else statuses[0]
     )
@@ -96,7 +102,9 @@ def read(
     return {"contents": [{"uri": uri, "mimeType": MIME, "text": text}]}
 
 
-def _status(conn: Connection[Any], agent: Agent, queue: str, now: datetime) -> dict[str, Any]:
+def _status(
+    conn: Connection[Any], agent: Agent, queue: str, budget: dict[str, Any] | None, now: datetime
+) -> dict[str, Any]:
     endpoint_id = agent.grant.endpoint_id
     pending = doorbell_store.pending_count(
         conn, endpoint_id=endpoint_id, queue=queue, cap=PENDING_CAP
@@ -104,13 +112,12 @@ def _status(conn: Connection[Any], agent: Agent, queue: str, now: datetime) -> d
     claimable = doorbell_store.claimable_count(
         conn, endpoint_id=endpoint_id, queue=queue, now=now, cap=PENDING_CAP
     )
-    statuses = admission.queue_statuses(conn, endpoint_ids=[endpoint_id], queues=[queue], now=now)
     return {
         "endpoint": agent.endpoint,
         "queue": queue,
         "pending": pending,
         "claimable": claimable,
-        "admission": dump_queue_status(agent.endpoint, statuses[0]) if statuses else None,
+        "admission": budget,
     }
 
 

@@ -18,6 +18,7 @@ from uuid import UUID
 from psycopg import Connection
 from werkzeug.security import check_password_hash
 
+from switchboard import doorbells
 from switchboard.admission import service as admission
 from switchboard.admission import windows
 from switchboard.admission.service import Policy, QueueStatus
@@ -69,13 +70,13 @@ def signed_in(conn: Connection[Any], *, id: UUID) -> Human | None:
 
 
 def attached(
-    conn: Connection[Any], *, endpoint_ids: Sequence[UUID], keepalive_seconds: int
+    conn: Connection[Any], *, endpoint_ids: Sequence[UUID]
 ) -> dict[UUID, list[AttachedAgent]]:
-    """Agents attached to each endpoint: a stream seen within two keep-alive intervals."""
+    """Agents attached to each endpoint, by the doorbells' own presence window (the same
+    definition decides whether a ring goes to a stream or to the notify hook)."""
     found: dict[UUID, list[AttachedAgent]] = defaultdict(list)
-    rows = store.attached_agents(
-        conn, endpoint_ids=endpoint_ids, stale_seconds=2 * keepalive_seconds
-    )
+    stale = doorbells.attached_window().total_seconds()
+    rows = store.attached_agents(conn, endpoint_ids=endpoint_ids, stale_seconds=stale)
     for row in rows:
         found[row.endpoint_id].append(row)
     return dict(found)
@@ -329,9 +330,7 @@ class EndpointCard:
     rings: dict[str, Ring]
 
 
-def endpoint_card(
-    conn: Connection[Any], *, human: Human, key: str, keepalive_seconds: int
-) -> EndpointCard:
+def endpoint_card(conn: Connection[Any], *, human: Human, key: str) -> EndpointCard:
     """An endpoint with its queues, grants, attached agents and last doorbells; raises
     NotFound (foreign or unknown)."""
     detail = operator.endpoint_detail(conn, human=human, key=key)
@@ -340,9 +339,7 @@ def endpoint_card(
         found,
         operator.queues(conn, human=human, endpoint=found.slug),
         detail.grants,
-        attached(conn, endpoint_ids=[found.id], keepalive_seconds=keepalive_seconds).get(
-            found.id, []
-        ),
+        attached(conn, endpoint_ids=[found.id]).get(found.id, []),
         {q: r for (_, q), r in last_rings(conn, endpoint_ids=[found.id]).items()},
     )
 
@@ -354,7 +351,7 @@ class Overview:
     attached: dict[UUID, list[AttachedAgent]]
 
 
-def overview(conn: Connection[Any], *, human: Human, keepalive_seconds: int) -> Overview:
+def overview(conn: Connection[Any], *, human: Human) -> Overview:
     """The human's endpoints (every one for an admin), their queues and attached agents."""
     endpoints = accounts_store.list_endpoints(
         conn, owner_human_id=None if human.is_admin else human.id
@@ -366,7 +363,7 @@ def overview(conn: Connection[Any], *, human: Human, keepalive_seconds: int) -> 
     return Overview(
         endpoints,
         dict(by_endpoint),
-        attached(conn, endpoint_ids=ids, keepalive_seconds=keepalive_seconds),
+        attached(conn, endpoint_ids=ids),
     )
 
 

@@ -541,19 +541,15 @@ def complete(
     now: datetime | None = None,
 ) -> Todo:
     """Finish the current claim as done; raises NotFound, or Conflict for a stale attempt."""
-    return _finished(
+    return _finish(
         conn,
-        now,
-        todos.finish(
-            conn,
-            action="complete",
-            id=id,
-            endpoint_id=endpoint_id,
-            attempt=attempt,
-            actor=actor.label,
-            result=result,
-            now=now,
-        ),
+        action="complete",
+        id=id,
+        endpoint_id=endpoint_id,
+        attempt=attempt,
+        actor=actor.label,
+        result=result,
+        now=now,
     )
 
 
@@ -570,20 +566,16 @@ def fail(
 ) -> Todo:
     """Fail the current claim (retry_wait with backoff while attempts remain and retry is
     true, else failed); raises NotFound, or Conflict for a stale attempt."""
-    return _finished(
+    return _finish(
         conn,
-        now,
-        todos.finish(
-            conn,
-            action="fail",
-            id=id,
-            endpoint_id=endpoint_id,
-            attempt=attempt,
-            actor=actor.label,
-            error=error,
-            retry=retry,
-            now=now,
-        ),
+        action="fail",
+        id=id,
+        endpoint_id=endpoint_id,
+        attempt=attempt,
+        actor=actor.label,
+        error=error,
+        retry=retry,
+        now=now,
     )
 
 
@@ -597,23 +589,21 @@ def release(
     now: datetime | None = None,
 ) -> Todo:
     """Give the current claim back (pending); the charge stays. Raises NotFound or Conflict."""
-    return _finished(
+    return _finish(
         conn,
-        now,
-        todos.finish(
-            conn,
-            action="release",
-            id=id,
-            endpoint_id=endpoint_id,
-            attempt=attempt,
-            actor=actor.label,
-            now=now,
-        ),
+        action="release",
+        id=id,
+        endpoint_id=endpoint_id,
+        attempt=attempt,
+        actor=actor.label,
+        now=now,
     )
 
 
-def _finished(conn: Connection[Any], now: datetime | None, todo: Todo) -> Todo:
-    """Doorbells of a finished claim, in its transaction (R-REOPEN inline, R-BELL release)."""
+def _finish(conn: Connection[Any], *, now: datetime | None, **fields: Any) -> Todo:
+    """End the current claim (the store's fenced finish), then, in the same transaction, its
+    doorbells: a freed slot reopens a deferred queue, a released todo rings (R-REOPEN, R-BELL)."""
+    todo = todos.finish(conn, now=now, **fields)
     doorbells.after_finish(conn, todo=todo, now=now)
     return todo
 

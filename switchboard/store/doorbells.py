@@ -228,16 +228,6 @@ def streams_prune(conn: Connection[Any], *, before: datetime) -> int:
     return conn.execute(_Q["streams_prune"], {"before": before}).rowcount
 
 
-def attached(
-    conn: Connection[Any], *, endpoint_ids: Sequence[UUID], since: datetime
-) -> dict[UUID, int]:
-    """Open doorbell streams per endpoint (absent: none attached)."""
-    rows = conn.execute(
-        _Q["attached"], {"endpoint_ids": list(endpoint_ids), "since": since}
-    ).fetchall()
-    return {row[0]: int(row[1]) for row in rows}
-
-
 # --- notify-hook deliveries ----------------------------------------------------------------------
 
 

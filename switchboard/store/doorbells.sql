@@ -117,12 +117,6 @@ DELETE FROM mcp_streams WHERE id = %(id)s
 -- Presence rows of processes that died without closing their streams.
 DELETE FROM mcp_streams WHERE seen_at < %(before)s
 
--- name: attached
--- Attached agents per endpoint (the board, presence).
-SELECT endpoint_id, count(*) AS streams FROM mcp_streams
-WHERE endpoint_id = ANY(%(endpoint_ids)s::uuid[]) AND seen_at > %(since)s
-GROUP BY endpoint_id
-
 -- name: delivery_take
 -- One due delivery, leased to this process: its next attempt is pushed past the request's
 -- timeout first, so a process that dies mid-POST leaves it to be retried, never lost.

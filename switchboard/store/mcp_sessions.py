@@ -97,8 +97,6 @@ def prune(conn: Connection[Any], *, before: datetime) -> int:
 def subscribe(conn: Connection[Any], *, id: UUID, uri: str, cap: int) -> bool:
     """Add a resource subscription; False when the session already holds ``cap`` of them (a
     URI it already holds is kept, and counts as done)."""
-    if uri in subscriptions(conn, id=id):
-        return True
     return conn.execute(_Q["subscribe"], {"id": id, "uri": uri, "cap": cap}).fetchone() is not None
 
 

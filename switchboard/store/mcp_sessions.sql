@@ -44,10 +44,13 @@ WITH doomed AS (
 DELETE FROM mcp_sessions s USING doomed WHERE s.id = doomed.id
 
 -- name: subscribe
--- resources/subscribe: remember the URI once (a session holds at most %(cap)s).
-UPDATE mcp_sessions SET subscriptions = array_append(subscriptions, %(uri)s::text)
-WHERE id = %(id)s AND NOT (%(uri)s::text = ANY(subscriptions))
-  AND cardinality(subscriptions) < %(cap)s
+-- resources/subscribe: remember the URI once; a session holds at most %(cap)s. No row: the
+-- session is full (a URI it already holds is kept and counts as done).
+UPDATE mcp_sessions
+SET subscriptions = CASE WHEN %(uri)s::text = ANY(subscriptions) THEN subscriptions
+                         ELSE array_append(subscriptions, %(uri)s::text) END
+WHERE id = %(id)s
+  AND (%(uri)s::text = ANY(subscriptions) OR cardinality(subscriptions) < %(cap)s)
 RETURNING cardinality(subscriptions)
 
 -- name: unsubscribe

@@ -284,13 +284,13 @@ def logout() -> BaseResponse:
 
 @bp.get("/")
 def overview() -> str:
-    data = _read(board.overview, keepalive_seconds=_keepalive())
+    data = _read(board.overview)
     return render_template("board/overview.html", data=data)
 
 
 @bp.get("/e/<slug>")
 def endpoint(slug: str) -> str:
-    card = _read(board.endpoint_card, key=slug, keepalive_seconds=_keepalive())
+    card = _read(board.endpoint_card, key=slug)
     return render_template("board/endpoint.html", card=card)
 
 
