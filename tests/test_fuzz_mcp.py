@@ -307,6 +307,15 @@ def test_any_request_is_answered_below_500(target: Target, data: st.DataObject) 
     check(send(target.app, method, body, sent), (method, body[:300], sent))
 
 
+def test_a_surrogate_encoded_in_the_bytes_is_a_parse_error(target: Target) -> None:
+    """Found by the fuzzer above: a request id holding a surrogate as raw (CESU-8) bytes was
+    echoed into an error body that could not be encoded (a 500)."""
+    body = b'{"":"","id":"\xed\xa0\x80","":null}'
+    headers = {"Authorization": f"Bearer {target.token}", "Content-Type": "application/json"}
+    status, _, answer = send(target.app, "POST", body, headers)
+    assert status == 400 and json.loads(answer)["error"]["code"] == -32700
+
+
 @FUZZ
 @given(data=st.data())
 def test_tool_calls_with_hostile_arguments_are_answered_below_500(

@@ -89,10 +89,12 @@ class ClientResponse:
 
 
 def decode(body: bytes) -> Any:
-    """The JSON value of a request body; raises RpcError PARSE_ERROR, also for a string with a
-    lone surrogate escape (valid JSON syntax, but no Unicode text: nothing could store it)."""
+    """The JSON value of a UTF-8 request body; raises RpcError PARSE_ERROR, also for a string
+    with a lone surrogate, escaped or encoded (no Unicode text: nothing could store or echo it).
+    The body is decoded strictly first: ``json.loads`` on bytes would let surrogates encoded in
+    the bytes themselves through (it decodes with ``surrogatepass``)."""
     try:
-        value = json.loads(body, parse_constant=_no_constant)
+        value = json.loads(body.decode("utf-8"), parse_constant=_no_constant)
     except (ValueError, RecursionError):  # bad UTF-8 and huge int literals are ValueErrors too
         raise RpcError(PARSE_ERROR, "Parse error: the body is not valid JSON") from None
     if _SURROGATE_ESCAPE.search(body) and not _unicode(value):
